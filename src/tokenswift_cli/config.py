@@ -1,0 +1,138 @@
+"""Typed settings of a run. Frozen, validated in `__post_init__`, serialisable to one JSON document.
+
+"Off" is `None`, never -1. Cross-field checks run before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+
+Mode = Literal["tokenswift", "plain"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message is one line meant for the user."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """The target distribution. Plain and accelerated decoding apply exactly the same one.
+
+    temperature 0 means greedy. `penalty` is TokenSwift's contextual repetition penalty theta,
+    applied to the tokens among the last `penalty_window` tokens of each candidate's own path.
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    eta: float | None = None
+    penalty: float | None = None
+    penalty_window: int = 1024
+    seed: int = 0
+    suppress_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
+        _check(self.top_k is None or self.top_k >= 1, "top-k must be >= 1")
+        _check(self.top_p is None or 0 < self.top_p <= 1, "top-p must be in (0, 1]")
+        _check(self.min_p is None or 0 <= self.min_p < 1, "min-p must be in [0, 1)")
+        _check(self.eta is None or 0 < self.eta < 1, "eta must be in (0, 1)")
+        _check(self.penalty is None or (math.isfinite(self.penalty) and self.penalty > 0), "penalty must be > 0")
+        _check(self.penalty_window >= 1, "penalty window must be >= 1")
+        _check(0 <= self.seed < 2**63, "seed must be in [0, 2^63)")
+        object.__setattr__(self, "suppress_token_ids", tuple(int(t) for t in self.suppress_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """How candidates are proposed: tree template, n-gram candidates, partial KV cache for drafting.
+
+    `tree` gives the width of each level: level 1 is the top-w of the base logits at the root, level
+    i+1 the top-w of head i; all combinations are candidates. Levels beyond the number of heads are
+    dropped. `partial_budget` None drafts on the full cache.
+    """
+
+    tree: tuple[int, ...] = (1, 3, 3, 3)
+    ngram_top_k: int | None = 4
+    ngram_size: int = 4
+    partial_budget: int | None = 4096
+    sink_tokens: int = 16
+    recent_window: int = 256
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tree", tuple(int(w) for w in self.tree))
+        _check(len(self.tree) >= 1 and all(w >= 1 for w in self.tree), "tree widths must be >= 1, e.g. 1,3,3,3")
+        _check(self.ngram_top_k is None or self.ngram_top_k >= 1, "n-gram top-k must be >= 1")
+        _check(self.ngram_size >= 2, "n-gram size must be >= 2")
+        _check(self.sink_tokens >= 0, "sink tokens must be >= 0")
+        _check(self.recent_window >= 2, "recent window must be >= 2")
+        if self.partial_budget is not None:
+            _check(
+                self.partial_budget >= self.sink_tokens + self.recent_window + 1,
+                f"partial budget must exceed sink tokens + recent window ({self.sink_tokens + self.recent_window})",
+            )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One generation: how many tokens, how (mode), and the two configs above."""
+
+    max_new_tokens: int
+    mode: Mode = "tokenswift"
+    stop_at_eos: bool = False
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    prefill_chunk: int = 512
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens >= 1, "the number of tokens to write must be >= 1")
+        _check(self.mode in ("tokenswift", "plain"), f"unknown mode {self.mode!r}: use tokenswift or plain")
+        _check(self.prefill_chunk >= 1, "prefill chunk must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        data = dict(data)
+        version = data.pop("schema_version", SCHEMA_VERSION)
+        _check(version == SCHEMA_VERSION, f"settings schema {version} is not supported (expected {SCHEMA_VERSION})")
+        sampling = SamplingConfig(**data.pop("sampling"))
+        draft = DraftConfig(**data.pop("draft"))
+        return cls(sampling=sampling, draft=draft, **data)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model to load and where. `name` is "default", a local folder, a .gguf file or a hub id."""
+
+    name: str = "default"
+    dtype: DType = "auto"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name.strip()), "model name must not be empty")
+        _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
+        _check(
+            self.device in ("cpu", "auto", "mps") or self.device.startswith("cuda"),
+            f"unknown device {self.device!r}: use cpu, cuda, cuda:N or auto",
+        )

@@ -1,0 +1,81 @@
+"""The target distribution and position-keyed draws (the lossless part of TokenSwift step 4).
+
+Every token is drawn by inverting the target's CDF at a uniform that depends only on the seed and
+the token's absolute position. Plain and accelerated decoding therefore pick the same token whenever
+their logits agree, and each draw follows the target distribution exactly.
+The filters are `transformers`' own logits processors, applied to one node with that node's own
+context (its path), so the contextual penalty sees the candidate's ancestors too.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import torch
+from transformers import (
+    EtaLogitsWarper,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .config import SamplingConfig
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A uniform in (0, 1) that depends only on `seed` and the absolute token `position`."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    return ((int.from_bytes(digest, "little") >> 11) + 0.5) / 2.0**53
+
+
+@functools.lru_cache(maxsize=16)
+def _processors(cfg: SamplingConfig) -> LogitsProcessorList:
+    """Penalty first, then the warpers, in `transformers`' own order."""
+    processors = LogitsProcessorList()
+    if cfg.penalty is not None and cfg.penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(cfg.penalty))
+    if cfg.greedy:
+        return processors
+    if cfg.temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(cfg.temperature))
+    if cfg.top_k is not None:
+        processors.append(TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        processors.append(TopPLogitsWarper(cfg.top_p))
+    if cfg.min_p is not None and cfg.min_p > 0:
+        processors.append(MinPLogitsWarper(cfg.min_p))
+    if cfg.eta is not None:
+        processors.append(EtaLogitsWarper(cfg.eta, device="cpu"))
+    return processors
+
+
+def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Processed scores `[vocab]` for the next token after `context` (the path's last tokens, `[<= W]`)."""
+    scores = logits.float()[None].clone()  # [1, vocab]
+    if cfg.suppress_token_ids:
+        scores[0, list(cfg.suppress_token_ids)] = -float("inf")
+    window = context[-cfg.penalty_window :].to(scores.device)[None]  # [1, <= W]
+    return _processors(cfg)(window, scores)[0]
+
+
+def target_probs(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The target distribution `[vocab]` (float64); one-hot on the argmax when greedy."""
+    scores = target_scores(logits, context, cfg)
+    if cfg.greedy:
+        return torch.nn.functional.one_hot(scores.argmax(), scores.shape[-1]).double()
+    return torch.softmax(scores.double(), dim=-1)
+
+
+def choose(logits: torch.Tensor, context: torch.Tensor, position: int, cfg: SamplingConfig) -> int:
+    """The token at absolute `position`: argmax when greedy, else the inverse CDF at its uniform."""
+    scores = target_scores(logits, context, cfg)
+    if cfg.greedy:
+        return int(scores.argmax())
+    cdf = torch.softmax(scores.double(), dim=-1).cumsum(0)  # [vocab]
+    u = position_uniform(cfg.seed, position) * float(cdf[-1])
+    token = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype)))
+    return min(token, cdf.shape[0] - 1)

@@ -1,0 +1,106 @@
+"""The state of a generation and the method that keeps it consistent (TokenSwift steps 5 and 6)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import FullCache, PartialCache, _PreallocatedCache
+from .config import RunConfig
+from .metrics import Stats
+from .ngram import NGramTable
+from .sampling import choose
+from .target import QueryCapture, Target
+from .verify import Acceptance
+
+# Room in the full cache beyond the committed tokens for one verification forward.
+TREE_HEADROOM = 512
+
+
+@dataclass
+class GenerationState:
+    """Committed tokens (prefix included) with their keys/values, and the pending root."""
+
+    tokens: list[int]
+    prefix_length: int
+    root: int
+    full: FullCache
+    partial: PartialCache | None
+    ngrams: NGramTable
+    stats: Stats = field(default_factory=Stats)
+    eos_seen: bool = False
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prefix_length :]
+
+    def finished(self, cfg: RunConfig) -> bool:
+        return self.eos_seen or len(self.tokens) - self.prefix_length >= cfg.max_new_tokens
+
+    def draft_cache(self) -> _PreallocatedCache:
+        """The partial cache once the context outgrows its budget, the full cache before."""
+        if self.partial is not None and self.partial.selected:
+            return self.partial
+        return self.full
+
+    def commit(
+        self, accepted: Acceptance, queries: Sequence[torch.Tensor], cfg: RunConfig, eos_ids: Sequence[int] = ()
+    ) -> list[int]:
+        """Keep the root and the accepted nodes; returns the newly committed tokens within the budget."""
+        start = len(self.tokens)
+        new = [self.root, *accepted.tokens]
+        self.full.commit([0, *accepted.nodes])
+        self.tokens += new
+        self.root = accepted.next_root
+        self._refresh_partial(queries, cfg, start)
+        lag = cfg.sampling.penalty_window if cfg.sampling.penalty is not None else 0
+        self.ngrams.update(self.tokens, until=len(self.tokens) - lag)
+        room = max(0, cfg.max_new_tokens - (start - self.prefix_length))
+        emitted = new[:room]
+        if cfg.stop_at_eos:
+            for i, token in enumerate(emitted):
+                if token in eos_ids:
+                    emitted, self.eos_seen = emitted[: i + 1], True
+                    break
+        return emitted
+
+    def _refresh_partial(self, queries: Sequence[torch.Tensor], cfg: RunConfig, start: int) -> None:
+        partial, budget = self.partial, cfg.draft.partial_budget
+        if partial is None or budget is None or self.full.length <= budget:
+            return
+        if partial.needs_refresh(self.full.length):
+            partial.refresh(self.full, queries)
+        else:
+            partial.append(self.full, start, self.full.length)
+
+
+def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> GenerationState:
+    """Process the prompt in chunks, then draw the first generated token (the first root)."""
+    if not prompt:
+        raise ValueError("the prefix must hold at least one token")
+    tokens = [int(t) for t in prompt]
+    full = FullCache(target.num_layers, capacity=len(tokens) + cfg.max_new_tokens + TREE_HEADROOM)
+    stats = Stats()
+    capture = QueryCapture(row=-1)
+    with stats.phase("prefill", target.device):
+        for start in range(0, len(tokens), cfg.prefill_chunk):
+            chunk = torch.tensor(tokens[start : start + cfg.prefill_chunk])
+            forward = target.forward(chunk, full, capture=capture)
+            full.commit(range(chunk.shape[0]))
+        logits = target.logits(forward.hidden[-1])
+    context = torch.tensor(tokens[-cfg.sampling.penalty_window :])
+    root = choose(logits, context, len(tokens), cfg.sampling)
+    partial = None
+    if cfg.mode == "tokenswift" and cfg.draft.partial_budget is not None:
+        draft = cfg.draft
+        partial = PartialCache(
+            target.num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window
+        )
+    ngrams = NGramTable(cfg.draft.ngram_size)
+    state = GenerationState(tokens, len(tokens), root, full, partial, ngrams, stats)
+    lag = cfg.sampling.penalty_window if cfg.sampling.penalty is not None else 0
+    ngrams.update(tokens, until=len(tokens) - lag)
+    state._refresh_partial(capture.ordered(), cfg, start=len(tokens))
+    return state

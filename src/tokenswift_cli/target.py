@@ -1,0 +1,138 @@
+"""The target model: the only code that knows how a `transformers` causal LM is driven.
+
+It uses public extension points only: a custom attention function registered under
+`ATTENTION_NAME` (GQA without repeating key/value heads, an explicit tree mask), a custom `Cache`,
+`position_ids`, and a forward pre-hook on the final norm for the pre-norm hidden state that the
+draft heads read. One implementation serves llama, qwen2 and mistral.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .cache import _PreallocatedCache
+
+ATTENTION_NAME = "tokenswift"
+
+
+class QueryCapture:
+    """Collects, per layer, the (rotated) query of one row of a forward: it scores keys for the partial cache."""
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+        self.queries: dict[int, torch.Tensor] = {}
+
+    def ordered(self) -> list[torch.Tensor]:
+        return [self.queries[i] for i in sorted(self.queries)]
+
+
+def tokenswift_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Scaled dot-product attention with the query heads of a KV group packed as extra rows.
+
+    query `[b, heads, q, d]`, key/value `[b, kv_heads, L, d]`, mask `[b|1, 1, q, L]` bool or None.
+    Packing avoids materialising the key/value heads `heads / kv_heads` times.
+    """
+    capture: QueryCapture | None = kwargs.get("query_capture")
+    if capture is not None:
+        capture.queries[module.layer_idx] = query[0, :, capture.row].detach()  # type: ignore[index]
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    packed = query.reshape(batch, kv_heads, group * q_len, dim)  # heads of group j are rows j*g .. j*g+g-1
+    mask = attention_mask
+    if mask is None and q_len > 1:  # no mask given: causal, aligned to the last key
+        keys = key.shape[-2]
+        mask = torch.ones(q_len, keys, dtype=torch.bool, device=query.device).tril(keys - q_len)[None, None]
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError("the tokenswift attention expects a boolean mask (True = attend)")
+        mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(mask.shape[0], 1, group * q_len, -1)
+    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
+    # out: [b, kv_heads, group * q, d]
+    return out.reshape(batch, heads, q_len, dim).transpose(1, 2), None
+
+
+AttentionInterface.register(ATTENTION_NAME, tokenswift_attention)
+AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Hidden states of one forward: `pre_norm` feeds the heads, `hidden` (post-norm) the lm_head."""
+
+    pre_norm: torch.Tensor  # [q, hidden]
+    hidden: torch.Tensor  # [q, hidden]
+
+
+class Target:
+    """Wraps a stock `transformers` causal LM for cached, masked, positioned forwards."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        model.set_attn_implementation(ATTENTION_NAME)
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.num_layers: int = model.config.num_hidden_layers
+        self.device = self.decoder.embed_tokens.weight.device
+        self._pre_norm: torch.Tensor | None = None
+        self.decoder.norm.register_forward_pre_hook(self._keep_pre_norm)
+
+    def _keep_pre_norm(self, module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        self._pre_norm = args[0]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: _PreallocatedCache,
+        *,
+        depths: torch.Tensor | None = None,
+        block_mask: torch.Tensor | None = None,
+        capture: QueryCapture | None = None,
+    ) -> Forward:
+        """Run `tokens` `[q]` after the committed positions of `cache`.
+
+        Token i sits at position `cache.length + depths[i]` (default: consecutive) and sees every
+        committed position plus the new tokens allowed by `block_mask` `[q, q]` (default: causal).
+        """
+        q_len, start = tokens.shape[0], cache.length
+        if depths is None:
+            depths = torch.arange(q_len)
+        positions = (depths + start).to(self.device)[None]  # [1, q]
+        mask = None
+        if q_len > 1:
+            if block_mask is None:
+                block_mask = torch.ones(q_len, q_len, dtype=torch.bool).tril()
+            visible = torch.ones(q_len, start, dtype=torch.bool)
+            mask = torch.cat([visible, block_mask.cpu()], dim=1)[None, None].to(self.device)  # [1, 1, q, L + q]
+        out = self.decoder(
+            input_ids=tokens.to(self.device)[None],
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            query_capture=capture,
+        )
+        assert self._pre_norm is not None
+        pre_norm, self._pre_norm = self._pre_norm[0], None
+        return Forward(pre_norm=pre_norm, hidden=out.last_hidden_state[0])
+
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits `[..., vocab]` in float32 from post-norm hidden states `[..., hidden]`."""
+        return self.lm_head(hidden.to(self.lm_head.weight.device)).float()

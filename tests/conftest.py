@@ -1,0 +1,57 @@
+"""Tiny randomly initialised models of each supported family, built in the tests (CPU, float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+VOCAB = 96
+LOGIT_SCALE = 0.35
+
+
+def tiny_config(family: str):  # type: ignore[no-untyped-def]
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    if family == "llama-mha":
+        return LlamaConfig(num_attention_heads=4, num_key_value_heads=4, **common)
+    if family == "llama-gqa":
+        return LlamaConfig(num_attention_heads=8, num_key_value_heads=2, **common)
+    if family == "qwen2":
+        return Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **common)
+    if family == "mistral":
+        return MistralConfig(num_attention_heads=4, num_key_value_heads=2, sliding_window=None, **common)
+    raise ValueError(family)
+
+
+def tiny_model(family: str, seed: int = 0):  # type: ignore[no-untyped-def]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation="sdpa")
+    # A random model's distribution is nearly flat; sharpen it so that greedy has no near-ties and
+    # sampling is neither uniform nor stuck on one token.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0.0, LOGIT_SCALE)
+    return model.eval()
+
+
+FAMILIES = ["llama-mha", "llama-gqa", "qwen2", "mistral"]
+
+
+@pytest.fixture(params=FAMILIES[:3])
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TOKENSWIFT_HOME", str(tmp_path / "home"))
+    torch.set_num_threads(2)

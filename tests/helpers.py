@@ -1,0 +1,34 @@
+"""Shared test helpers: a tiny model wrapped for the engine, random heads, a random prompt."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenswift_cli.heads import DraftHeads
+from tokenswift_cli.target import Target
+
+from conftest import VOCAB, tiny_model
+
+
+def tiny_target(family: str, seed: int = 0) -> Target:
+    return Target(tiny_model(family, seed))
+
+
+def random_heads(target: Target, num_heads: int = 3, seed: int = 0) -> DraftHeads:
+    torch.manual_seed(seed)
+    heads = DraftHeads.for_model(target.model.config, num_heads)
+    for block in heads.medusa_layers:
+        torch.nn.init.normal_(block.linear.weight, std=0.1)  # type: ignore[union-attr]
+    return heads
+
+
+def random_prompt(length: int, seed: int = 1) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(2, VOCAB, (length,), generator=generator).tolist()
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

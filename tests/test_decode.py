@@ -1,0 +1,116 @@
+"""Lossless is the contract: TokenSwift == plain decoding == transformers' generate, token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import first_divergence, random_heads, random_prompt, tiny_target
+from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
+from tokenswift_cli.decode import generate, generate_tokens
+from tokenswift_cli.state import prefill
+
+TOKENS = 320
+SMALL_PARTIAL = DraftConfig(partial_budget=64, sink_tokens=4, recent_window=16)
+
+
+def hf_greedy(target, prompt: list[int], tokens: int) -> list[int]:  # type: ignore[no-untyped-def]
+    model = target.model
+    model.set_attn_implementation("sdpa")
+    try:
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False
+        )
+    finally:
+        model.set_attn_implementation("tokenswift")
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("prefix", [24, 150], ids=["prefix<budget", "prefix>budget"])
+def test_greedy_matches_plain_and_generate(family: str, prefix: int) -> None:
+    target = tiny_target(family)
+    heads = random_heads(target)
+    prompt = random_prompt(prefix)
+    reference = hf_greedy(target, prompt, TOKENS)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=TOKENS, mode="plain"))
+    fast, stats = generate_tokens(target, heads, prompt, RunConfig(max_new_tokens=TOKENS, draft=SMALL_PARTIAL))
+    assert first_divergence(plain, reference) is None
+    assert first_divergence(fast, plain) is None
+    assert stats.iterations < TOKENS  # drafts were accepted: the test exercises multi-token commits
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        DraftConfig(tree=(1,), ngram_top_k=None, partial_budget=None),
+        DraftConfig(tree=(2, 2), ngram_top_k=None, partial_budget=64, sink_tokens=4, recent_window=16),
+        DraftConfig(tree=(1, 3, 3, 3), ngram_top_k=8, partial_budget=48, sink_tokens=0, recent_window=8),
+        DraftConfig(tree=(3, 1, 1, 1), ngram_top_k=2, ngram_size=3, partial_budget=None),
+        DraftConfig(tree=(4,), ngram_top_k=4, partial_budget=64, sink_tokens=4, recent_window=16),
+    ],
+    ids=["chain1", "2x2", "1333-ngram8", "3111-trigram", "no-heads-shape"],
+)
+@pytest.mark.parametrize("with_heads", [True, False], ids=["heads", "no-heads"])
+def test_every_tree_shape_is_lossless(draft: DraftConfig, with_heads: bool) -> None:
+    target = tiny_target("llama-gqa", seed=3)
+    heads = random_heads(target) if with_heads else None
+    prompt = random_prompt(90, seed=4)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=200, mode="plain"))
+    fast, _ = generate_tokens(target, heads, prompt, RunConfig(max_new_tokens=200, draft=draft))
+    assert first_divergence(fast, plain) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_seeded_sampling_matches_plain(family: str, seed: int) -> None:
+    sampling = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=seed)
+    target = tiny_target(family)
+    heads = random_heads(target)
+    prompt = random_prompt(100, seed=seed + 10)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=250, mode="plain", sampling=sampling))
+    fast, stats = generate_tokens(
+        target, heads, prompt, RunConfig(max_new_tokens=250, sampling=sampling, draft=SMALL_PARTIAL)
+    )
+    assert first_divergence(fast, plain) is None
+    assert stats.accepted > 0
+
+
+def test_other_filters_match_plain() -> None:
+    sampling = SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, eta=0.02, penalty=1.3, penalty_window=16, seed=9)
+    target = tiny_target("qwen2", seed=5)
+    prompt = random_prompt(60, seed=6)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=200, mode="plain", sampling=sampling))
+    fast, _ = generate_tokens(target, random_heads(target), prompt, RunConfig(max_new_tokens=200, sampling=sampling))
+    assert first_divergence(fast, plain) is None
+
+
+def test_different_seeds_give_different_text() -> None:
+    target = tiny_target("llama-mha")
+    prompt = random_prompt(30)
+    runs = [
+        generate_tokens(target, None, prompt, RunConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=1, seed=s)))[0]
+        for s in (1, 2)
+    ]
+    assert runs[0] != runs[1]
+
+
+def test_budget_is_exact_and_events_stream_the_text() -> None:
+    target = tiny_target("llama-gqa")
+    prompt = random_prompt(40)
+    cfg = RunConfig(max_new_tokens=77, draft=SMALL_PARTIAL)
+    state = prefill(target, prompt, cfg)
+    streamed = [t for event in generate(target, random_heads(target), state, cfg) for t in event.tokens]
+    assert len(streamed) == 77
+    assert streamed == state.generated[:77]
+
+
+def test_stop_at_eos_stops_in_both_modes() -> None:
+    target = tiny_target("llama-mha")
+    prompt = random_prompt(30)
+    sampling = SamplingConfig(temperature=1.0, seed=4)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=400, mode="plain", sampling=sampling))
+    eos = plain[50]  # pretend the 51st token is end-of-sequence
+    cut = plain[: plain.index(eos) + 1]
+    for mode in ("plain", "tokenswift"):
+        cfg = RunConfig(max_new_tokens=400, mode=mode, sampling=sampling, stop_at_eos=True)
+        out, _ = generate_tokens(target, random_heads(target), prompt, cfg, eos_ids=[eos])
+        assert out == cut
