@@ -8,7 +8,12 @@ the published TokenSwift adapters, so those load as they are.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 
@@ -55,3 +60,53 @@ class DraftHeads(nn.Module):
         for block in heads.medusa_layers:
             nn.init.zeros_(block.linear.weight)  # type: ignore[union-attr]
         return heads
+
+
+class HeadsError(Exception):
+    """Heads cannot be used with this model; the message is one line meant for the user."""
+
+
+HEADS_PREFIX = "medusa_layers."
+
+
+def save_heads(heads: DraftHeads, path: Path, metadata: dict[str, str]) -> None:
+    """Write heads as safetensors (`medusa_layers.*`) with string metadata, atomically."""
+    tensors = {k: v.detach().float().contiguous().cpu() for k, v in heads.state_dict().items()}
+    meta = {"num_heads": str(heads.num_heads), "hidden_size": str(heads.hidden_size), **metadata}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt") as handle:
+        return dict(handle.metadata() or {})
+
+
+def load_heads(path: Path, config: object, *, fingerprint: str | None = None) -> DraftHeads:
+    """Load heads for a model config; refuse heads trained for another model (hidden size, fingerprint)."""
+    if not path.is_file():
+        raise HeadsError(f"heads file not found: {path}")
+    try:
+        state = load_file(str(path))
+        metadata = read_metadata(path)
+    except Exception as error:  # safetensors raises several types for a damaged file
+        raise HeadsError(f"cannot read heads file {path}: {error}") from None
+    state = {k[k.index(HEADS_PREFIX) :]: v for k, v in state.items() if HEADS_PREFIX in k}
+    indices = {int(k.split(".")[1]) for k in state}
+    if not indices:
+        raise HeadsError(f"{path} holds no draft heads (no medusa_layers.* tensors)")
+    hidden = int(config.hidden_size)  # type: ignore[attr-defined]
+    width = state[f"{HEADS_PREFIX}0.linear.weight"].shape[-1]
+    if width != hidden:
+        raise HeadsError(f"heads in {path} are for hidden size {width}, the model has {hidden}")
+    expected = metadata.get("base_model_fingerprint")
+    if fingerprint is not None and expected is not None and expected != fingerprint:
+        raise HeadsError(f"heads in {path} were trained for another model (fingerprint {expected[:12]})")
+    heads = DraftHeads(hidden, len(indices), float(getattr(config, "rms_norm_eps", 1e-5)))
+    try:
+        heads.load_state_dict(state)
+    except RuntimeError as error:
+        raise HeadsError(f"heads in {path} do not match the expected layout: {error}") from None
+    return heads.eval().requires_grad_(False)

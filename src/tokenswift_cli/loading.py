@@ -29,6 +29,8 @@ from transformers.utils import logging as hf_logging
 from .config import ModelSpec
 from .paths import cache_dir
 
+Tokenizer = PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
 
 supported_model_types: tuple[str, ...] = ("llama", "qwen2", "mistral")
@@ -53,7 +55,7 @@ class LoadedModel:
     """
 
     model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase | None
+    tokenizer: Tokenizer | None
     fingerprint: str
     name: str
     source: str = ""
@@ -135,8 +137,7 @@ def _safetensors_samples(path: Path, size: int = 64) -> bytes:
     h = hashlib.sha256()
     with path.open("rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
-        header = f.read(n)
-        h.update(header)
+        h.update(header := f.read(n))
         spans = sorted(v["data_offsets"] for k, v in json.loads(header).items() if k != "__metadata__")
         for begin, end in spans:
             for offset in (begin, (begin + end) // 2, max(begin, end - size)):
@@ -223,7 +224,7 @@ def _convert_gguf(gguf: Path, dest: Path) -> PreTrainedModel:
     check_supported(model.config.model_type)  # before caching a copy we would never load
     # The weights are de-quantised already; the GGUF quantizer left on the model only blocks saving.
     if model.hf_quantizer is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+        model.hf_quantizer.remove_quantization_config(model)  # drops quantization_config and flags
     model.hf_quantizer = None
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
@@ -232,28 +233,22 @@ def _convert_gguf(gguf: Path, dest: Path) -> PreTrainedModel:
     return model
 
 
-def _load_folder(
-    folder: Path, spec: ModelSpec, attn_implementation: str | None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+def _load_folder(folder: Path, spec: ModelSpec, attn: str | None) -> tuple[PreTrainedModel, Tokenizer | None]:
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json: it is not a Hugging Face model folder")
     with _failing_as(f"{folder}/config.json cannot be read"):
         model_type = AutoConfig.from_pretrained(folder).model_type
     check_supported(model_type)
-    if not any(p.suffix in _WEIGHT_SUFFIXES for p in folder.iterdir()):
-        raise ModelLoadError(f"{folder} has no weight files (*.safetensors or *.bin)")
-    dtype, device_map = _dtype(spec), _device_map(spec.device)
+    dtype, device_map = _placement(spec)
     with _failing_as(f"cannot load the model in {folder}"):
         model, info = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, device_map=device_map, attn_implementation=attn_implementation,
-            output_loading_info=True,
-        )  # fmt: skip
+            folder, dtype=dtype, device_map=device_map, attn_implementation=attn, output_loading_info=True
+        )
     # transformers only warns (and we silenced it) when weights are missing: refuse a half-random model.
     bad = sorted(info.get("missing_keys", [])) + sorted(str(k) for k in info.get("mismatched_keys", []))
     if bad:
         raise ModelLoadError(f"the weights in {folder} do not match its config ({len(bad)} bad, e.g. {bad[0]})")
-    model.eval()
-    model.requires_grad_(False)
+    model.eval().requires_grad_(False)
     tokenizer = None
     if any((folder / f).is_file() for f in _TOKENIZER_FILES):
         with _failing_as(f"cannot load the tokenizer in {folder}"):
@@ -261,23 +256,18 @@ def _load_folder(
     return model, tokenizer
 
 
-def _dtype(spec: ModelSpec) -> torch.dtype:
-    if spec.dtype != "auto":
-        return getattr(torch, spec.dtype)
-    if spec.device != "cpu" and spec.device != "mps" and torch.cuda.is_available():
+def _placement(spec: ModelSpec) -> tuple[torch.dtype, str | dict[str, str] | None]:
+    """from_pretrained's dtype and device_map for `spec`."""
+    gpu = spec.device.startswith("cuda") or (spec.device == "auto" and torch.cuda.is_available())
+    dtype = getattr(torch, spec.dtype, torch.float32)  # "auto" is not a torch attribute
+    if spec.dtype == "auto" and gpu:
         # bfloat16 keeps float32's range, so activations cannot overflow as they can in float16.
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
-
-
-def _device_map(device: str) -> str | dict[str, str] | None:
-    if device in ("cpu", "auto"):
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if spec.device in ("cpu", "auto", "mps"):
         # "auto": accelerate shards the layers over all GPUs (then CPU) by free memory.
-        return None if device == "cpu" else "auto"
-    if device == "mps":
-        return {"": device}  # transformers reports an unavailable MPS itself
-    index = device.removeprefix("cuda").removeprefix(":") or "0"
+        return dtype, {"cpu": None, "auto": "auto", "mps": {"": "mps"}}[spec.device]
+    index = spec.device.removeprefix("cuda").removeprefix(":") or "0"
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not index.isdigit() or int(index) >= count:
-        raise ModelLoadError(f"device {device} is not available ({count} CUDA devices found)")
-    return {"": f"cuda:{index}"}
+        raise ModelLoadError(f"device {spec.device} is not available ({count} CUDA devices found)")
+    return dtype, {"": f"cuda:{index}"}
