@@ -1,7 +1,6 @@
-"""Load a causal LM: the embedded default, a GGUF file, a local folder or a hub id.
+"""Load a causal LM (the embedded default, a GGUF file, a model folder or a hub id) for decoding.
 
-A GGUF file is de-quantised once (~20 s for the default model) and cached as float32 safetensors under
-`cache_dir()/models/<stem>-<hash>/`, so later loads take a second. User errors raise `ModelLoadError`.
+A GGUF file is de-quantised once (~20 s for the default) and cached as safetensors under `cache_dir()`.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import snapshot_download
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
@@ -29,17 +29,14 @@ from transformers.utils import logging as hf_logging
 from .config import ModelSpec
 from .paths import cache_dir
 
-Tokenizer = PreTrainedTokenizerBase
-
 log = logging.getLogger(__name__)
-
+Tokenizer = PreTrainedTokenizerBase
 supported_model_types: tuple[str, ...] = ("llama", "qwen2", "mistral")
-
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-# config.json keys that record who wrote the file, not what the model is.
-_VOLATILE_KEYS = ("_name_or_path", "transformers_version", "_commit_hash")
+_VOLATILE_KEYS = ("_name_or_path", "transformers_version", "_commit_hash")  # who wrote it, not what
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.jinja"]
 
 
 class ModelLoadError(Exception):
@@ -48,10 +45,8 @@ class ModelLoadError(Exception):
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model in eval mode, gradients off; `tokenizer` is None when a local folder has none.
-
-    `fingerprint` identifies the weights and config on disk, not the dtype or device used. `name` is
-    `ModelSpec.name` as given (the same spec loads it again); `source` is the folder actually read.
+    """Eval mode, gradients off. `tokenizer` is None when a local folder has none; `fingerprint` names
+    the weights + config on disk (not dtype/device); `name` is `ModelSpec.name`; `source` the folder read.
     """
 
     model: PreTrainedModel
@@ -90,14 +85,15 @@ def load_model(spec: ModelSpec, *, attn_implementation: str | None = None) -> Lo
             with path.open("rb") as f:
                 magic = f.read(4)
             if magic != b"GGUF":
-                kind = "not a valid GGUF file" if path.suffix.lower() == ".gguf" else "not a GGUF file"
-                raise ModelLoadError(f"{name} is {kind} and not a model folder")
+                raise ModelLoadError(f"{name} is neither a valid GGUF file (bad header) nor a model folder")
             folder = _cached_conversion(path)
         elif _HUB_ID.fullmatch(name) and not name.lower().endswith(".gguf"):
-            folder = _download(name)
+            # A hub id: snapshot_download falls back to the local HF cache when offline.
+            with _failing_as(f"model {name!r} was not found locally and could not be downloaded"):
+                folder = Path(snapshot_download(name, allow_patterns=_HUB_FILES))
         else:
             raise ModelLoadError(f"no such model file or folder: {name}")
-        model, tokenizer = _load_folder(folder, spec, attn_implementation)
+        model, tokenizer = _load_dir(folder, spec, attn_implementation)
         fingerprint = folder_fingerprint(folder)
     return LoadedModel(model, tokenizer, fingerprint, name, str(folder))
 
@@ -110,12 +106,10 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
     heads = config.num_attention_heads
     return {
         "name": loaded.name, "type": config.model_type, "layers": config.num_hidden_layers,
-        "hidden_size": config.hidden_size, "heads": heads,
-        "kv_heads": getattr(config, "num_key_value_heads", None) or heads, "vocab_size": config.vocab_size,
-        "dtype": str(model.dtype).removeprefix("torch."), "device": ",".join(devices),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "max_position_embeddings": getattr(config, "max_position_embeddings", None),
-        "fingerprint": loaded.fingerprint,
+        "hidden_size": config.hidden_size, "heads": heads, "kv_heads": config.num_key_value_heads or heads,
+        "vocab_size": config.vocab_size, "dtype": str(model.dtype).removeprefix("torch."),
+        "device": ",".join(devices), "parameters": sum(p.numel() for p in model.parameters()),
+        "max_position_embeddings": config.max_position_embeddings, "fingerprint": loaded.fingerprint,
     }  # fmt: skip
 
 
@@ -123,37 +117,30 @@ def folder_fingerprint(folder: Path) -> str:
     """sha256 over config.json and samples of every weight file: stable per folder, < 1 s."""
     h = hashlib.sha256(b"tokenswift-model-v1\0")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    for key in _VOLATILE_KEYS:
-        config.pop(key, None)
+    config = {k: v for k, v in config.items() if k not in _VOLATILE_KEYS}
     h.update(json.dumps(config, sort_keys=True).encode())
     for path in sorted(p for p in folder.iterdir() if p.suffix in _WEIGHT_SUFFIXES):
-        h.update(f"\0{path.name}\0{path.stat().st_size}\0".encode())
-        h.update(_safetensors_samples(path) if path.suffix == ".safetensors" else _sampled_digest(path))
+        h.update(f"\0{path.name}\0".encode() + _file_digest(path))
     return h.hexdigest()
 
 
-def _safetensors_samples(path: Path, size: int = 64) -> bytes:
-    """The header and the start, middle and end bytes of every tensor: any retrained tensor shows."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        h.update(header := f.read(n))
-        spans = sorted(v["data_offsets"] for k, v in json.loads(header).items() if k != "__metadata__")
-        for begin, end in spans:
-            for offset in (begin, (begin + end) // 2, max(begin, end - size)):
-                f.seek(8 + n + offset)
-                h.update(f.read(min(size, end - offset)))
-    return h.digest()
-
-
-def _sampled_digest(path: Path, chunks: int = 16, size: int = 1 << 16) -> bytes:
-    """Size plus evenly spaced 64 KiB chunks: O(1) in the file size, unlike a full sha256."""
+def _file_digest(path: Path, size: int = 64) -> bytes:
+    """Cheap content digest. safetensors: header + start, middle and end of every tensor (so a retrained
+    tensor shows); other files: 16 evenly spaced 64 KiB chunks. O(tensors), not O(bytes) like sha256."""
     total = path.stat().st_size
     h = hashlib.sha256(str(total).encode())
     with path.open("rb") as f:
-        for i in range(chunks):
-            f.seek(max(0, total - size) * i // (chunks - 1))
-            h.update(f.read(size))
+        if path.suffix == ".safetensors":
+            (n,) = struct.unpack("<Q", f.read(8))
+            h.update(header := f.read(n))
+            spans = sorted(v["data_offsets"] for k, v in json.loads(header).items() if k != "__metadata__")
+            starts = [(o, e) for b, e in spans for o in (b, (b + e) // 2, max(b, e - size))]
+            reads = [(8 + n + o, min(size, e - o)) for o, e in starts]
+        else:
+            reads = [(max(0, total - (1 << 16)) * i // 15, 1 << 16) for i in range(16)]
+        for offset, length in reads:
+            f.seek(offset)
+            h.update(f.read(length))
     return h.digest()
 
 
@@ -179,24 +166,14 @@ def _failing_as(message: str) -> Iterator[None]:
     except ModelLoadError:
         raise
     except Exception as e:
-        lines = str(e).strip().splitlines()
-        reason = f"{type(e).__name__}: {lines[0] if lines else ''}"
+        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         raise ModelLoadError(f"{message} ({reason[:200]})") from e
 
 
-def _download(repo_id: str) -> Path:
-    """The hub snapshot folder (from the local HF cache when offline)."""
-    from huggingface_hub import snapshot_download
-
-    with _failing_as(f"model {repo_id!r} was not found locally and could not be downloaded"):
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja"]))
-
-
 def _cached_conversion(gguf: Path) -> Path:
-    """The converted copy of `gguf` in the cache, converting it first when missing."""
-    # The key samples the content (not path or mtime), so a moved or copied file reuses its copy.
+    """The cached copy of `gguf` (made first if missing), keyed by content: a moved file reuses it."""
     models = cache_dir() / "models"
-    dest = models / f"{gguf.stem}-{_sampled_digest(gguf).hex()[:12]}"
+    dest = models / f"{gguf.stem}-{_file_digest(gguf).hex()[:12]}"
     if (dest / "config.json").is_file():
         return dest
     with _failing_as(f"cannot write the converted model to {dest}"):
@@ -204,8 +181,7 @@ def _cached_conversion(gguf: Path) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=models))
         try:
             _convert_gguf(gguf, tmp)
-            # Atomic: readers see no folder or a complete one. It fails only when another process
-            # renamed its own copy of the same conversion first; that copy is as good as ours.
+            # Atomic; fails only if another process renamed its identical copy there first.
             with contextlib.suppress(OSError):
                 os.rename(tmp, dest)
         finally:
@@ -233,7 +209,7 @@ def _convert_gguf(gguf: Path, dest: Path) -> PreTrainedModel:
     return model
 
 
-def _load_folder(folder: Path, spec: ModelSpec, attn: str | None) -> tuple[PreTrainedModel, Tokenizer | None]:
+def _load_dir(folder: Path, spec: ModelSpec, attn: str | None) -> tuple[PreTrainedModel, Tokenizer | None]:
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json: it is not a Hugging Face model folder")
     with _failing_as(f"{folder}/config.json cannot be read"):
@@ -247,7 +223,7 @@ def _load_folder(folder: Path, spec: ModelSpec, attn: str | None) -> tuple[PreTr
     # transformers only warns (and we silenced it) when weights are missing: refuse a half-random model.
     bad = sorted(info.get("missing_keys", [])) + sorted(str(k) for k in info.get("mismatched_keys", []))
     if bad:
-        raise ModelLoadError(f"the weights in {folder} do not match its config ({len(bad)} bad, e.g. {bad[0]})")
+        raise ModelLoadError(f"weights in {folder} do not match its config ({len(bad)} bad, e.g. {bad[0]})")
     model.eval().requires_grad_(False)
     tokenizer = None
     if any((folder / f).is_file() for f in _TOKENIZER_FILES):
@@ -257,17 +233,17 @@ def _load_folder(folder: Path, spec: ModelSpec, attn: str | None) -> tuple[PreTr
 
 
 def _placement(spec: ModelSpec) -> tuple[torch.dtype, str | dict[str, str] | None]:
-    """from_pretrained's dtype and device_map for `spec`."""
-    gpu = spec.device.startswith("cuda") or (spec.device == "auto" and torch.cuda.is_available())
-    dtype = getattr(torch, spec.dtype, torch.float32)  # "auto" is not a torch attribute
-    if spec.dtype == "auto" and gpu:
-        # bfloat16 keeps float32's range, so activations cannot overflow as they can in float16.
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if spec.device in ("cpu", "auto", "mps"):
-        # "auto": accelerate shards the layers over all GPUs (then CPU) by free memory.
-        return dtype, {"cpu": None, "auto": "auto", "mps": {"": "mps"}}[spec.device]
-    index = spec.device.removeprefix("cuda").removeprefix(":") or "0"
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not index.isdigit() or int(index) >= count:
-        raise ModelLoadError(f"device {spec.device} is not available ({count} CUDA devices found)")
-    return dtype, {"": f"cuda:{index}"}
+    # "auto": accelerate shards the layers over all GPUs (then CPU) by free memory.
+    device_map = {"cpu": None, "auto": "auto", "mps": {"": "mps"}}.get(spec.device)
+    if spec.device.startswith("cuda"):
+        index = spec.device.removeprefix("cuda").removeprefix(":") or "0"
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not index.isdigit() or int(index) >= count:
+            raise ModelLoadError(f"device {spec.device} is not available ({count} CUDA devices found)")
+        device_map = {"": f"cuda:{index}"}
+    if spec.dtype != "auto":
+        return getattr(torch, spec.dtype), device_map
+    if spec.device in ("cpu", "mps") or not torch.cuda.is_available():
+        return torch.float32, device_map
+    # bfloat16 keeps float32's range, so activations cannot overflow as they can in float16.
+    return (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16), device_map
