@@ -1,0 +1,52 @@
+"""End to end on the embedded default model (SmolLM2-135M-Instruct): TokenSwift == plain == generate()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import first_divergence
+from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
+from tokenswift_cli.decode import generate_tokens
+from tokenswift_cli.loading import load_model
+from tokenswift_cli.target import Target
+
+pytestmark = pytest.mark.slow
+PROMPT = Path(__file__).parent.parent / "prompts" / "lighthouse-keeper.txt"
+
+
+@pytest.fixture(scope="module")
+def default_target() -> tuple[Target, list[int]]:
+    loaded = load_model(ModelSpec())
+    prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
+    return Target(loaded.model), prompt
+
+
+def test_greedy_256_tokens_tokenswift_equals_plain_and_generate(default_target) -> None:  # type: ignore[no-untyped-def]
+    target, prompt = default_target
+    # A budget smaller than the prompt + output, so that the partial cache is selected and refreshed.
+    draft = DraftConfig(partial_budget=192, sink_tokens=8, recent_window=64)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=256, mode="plain"))
+    fast, stats = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=256, draft=draft))
+    assert first_divergence(fast, plain) is None
+    assert stats.mean_accepted > 1.0
+
+    model = target.model
+    model.set_attn_implementation("sdpa")
+    try:
+        reference = model.generate(
+            torch.tensor([prompt]), max_new_tokens=256, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, len(prompt) :].tolist()
+    finally:
+        model.set_attn_implementation("tokenswift")
+    assert first_divergence(plain, reference) is None
+
+
+def test_sampling_with_the_papers_settings_equals_plain(default_target) -> None:  # type: ignore[no-untyped-def]
+    target, prompt = default_target
+    sampling = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024, seed=7)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=128, mode="plain", sampling=sampling))
+    fast, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=128, sampling=sampling))
+    assert first_divergence(fast, plain) is None
