@@ -11,17 +11,17 @@ LOGIT_SCALE = 0.35
 
 
 def tiny_config(family: str):  # type: ignore[no-untyped-def]
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        bos_token_id=0,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
+    common = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": None,
+        "pad_token_id": None,
+    }
     if family == "llama-mha":
         return LlamaConfig(num_attention_heads=4, num_key_value_heads=4, **common)
     if family == "llama-gqa":

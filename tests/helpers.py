@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
+from conftest import VOCAB, tiny_model
 
 from tokenswift_cli.heads import DraftHeads
 from tokenswift_cli.target import Target
-
-from conftest import VOCAB, tiny_model
 
 
 def tiny_target(family: str, seed: int = 0) -> Target:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import first_divergence, random_heads, random_prompt, tiny_target
+
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate, generate_tokens
 from tokenswift_cli.state import prefill
@@ -86,10 +86,8 @@ def test_other_filters_match_plain() -> None:
 def test_different_seeds_give_different_text() -> None:
     target = tiny_target("llama-mha")
     prompt = random_prompt(30)
-    runs = [
-        generate_tokens(target, None, prompt, RunConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=1, seed=s)))[0]
-        for s in (1, 2)
-    ]
+    configs = [RunConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=1, seed=s)) for s in (1, 2)]
+    runs = [generate_tokens(target, None, prompt, cfg)[0] for cfg in configs]
     assert runs[0] != runs[1]
 
 

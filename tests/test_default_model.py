@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import first_divergence
+
 from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate_tokens
 from tokenswift_cli.loading import load_model

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper, TopPLogitsWarper
-
 from helpers import random_prompt, tiny_target
+from transformers import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
 from tokenswift_cli.cache import FullCache, PartialCache
 from tokenswift_cli.config import ConfigError, DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.ngram import NGramTable
@@ -23,7 +28,7 @@ def test_trie_merges_shared_prefixes_and_builds_the_ancestor_mask() -> None:
     assert tree.size == 1 + 2 + 4 + 1 + 1
     assert tree.path_tokens(tree.size - 2) == [7, 1, 3, 9]
     assert tree.depths.tolist() == [0, 1, 2, 2, 1, 2, 2, 3, 2]
-    for node, parent in enumerate(tree.parents):
+    for node in range(tree.size):
         ancestors = set()
         while node >= 0:
             ancestors.add(node)
