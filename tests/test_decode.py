@@ -112,3 +112,15 @@ def test_stop_at_eos_stops_in_both_modes() -> None:
         cfg = RunConfig(max_new_tokens=400, mode=mode, sampling=sampling, stop_at_eos=True)
         out, _ = generate_tokens(target, random_heads(target), prompt, cfg, eos_ids=[eos])
         assert out == cut
+
+
+def test_mistral_is_lossless_too() -> None:
+    target = tiny_target("mistral", seed=2)
+    prompt = random_prompt(100, seed=3)
+    reference = hf_greedy(target, prompt, 200)
+    sampling = SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.2, penalty_window=32, seed=1)
+    fast, _ = generate_tokens(target, random_heads(target), prompt, RunConfig(max_new_tokens=200, draft=SMALL_PARTIAL))
+    assert first_divergence(fast, reference) is None
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=200, mode="plain", sampling=sampling))
+    fast, _ = generate_tokens(target, random_heads(target), prompt, RunConfig(max_new_tokens=200, sampling=sampling))
+    assert first_divergence(fast, plain) is None
