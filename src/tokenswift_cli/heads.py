@@ -8,13 +8,19 @@ the published TokenSwift adapters, so those load as they are.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+if TYPE_CHECKING:
+    from .loading import LoadedModel
 
 
 class HeadBlock(nn.Module):
@@ -52,13 +58,19 @@ class DraftHeads(nn.Module):
         return torch.stack(states, dim=-2)
 
     @classmethod
-    def for_model(cls, config: object, num_heads: int = 3) -> DraftHeads:
-        """Heads sized for a model config, initialised to the identity residual (W = 0)."""
+    def for_model(cls, config: object, num_heads: int = 3, *, norm_weight: torch.Tensor | None = None) -> DraftHeads:
+        """Heads sized for a model config, initialised to the identity residual (W = 0).
+
+        With `norm_weight` (the model's final norm), every head starts out predicting exactly what
+        the base model predicts next, a better start than a random one.
+        """
         hidden = int(config.hidden_size)  # type: ignore[attr-defined]
         eps = float(getattr(config, "rms_norm_eps", 1e-5))
         heads = cls(hidden, num_heads, eps)
         for block in heads.medusa_layers:
             nn.init.zeros_(block.linear.weight)  # type: ignore[union-attr]
+            if norm_weight is not None:
+                block.post_layernorm.weight.data.copy_(norm_weight.detach().float())  # type: ignore[union-attr]
         return heads
 
 
@@ -84,8 +96,14 @@ def read_metadata(path: Path) -> dict[str, str]:
         return dict(handle.metadata() or {})
 
 
-def load_heads(path: Path, config: object, *, fingerprint: str | None = None) -> DraftHeads:
-    """Load heads for a model config; refuse heads trained for another model (hidden size, fingerprint)."""
+def load_heads(
+    path: Path, config: object, *, fingerprint: str | None = None, gguf_sha256: str | None = None
+) -> DraftHeads:
+    """Load heads for a model config; refuse heads trained for another model (hidden size, identity).
+
+    The model's identity is its GGUF file's sha256 when both sides know it (a converted copy's
+    fingerprint may change with the converter), else its fingerprint.
+    """
     if not path.is_file():
         raise HeadsError(f"heads file not found: {path}")
     try:
@@ -93,20 +111,121 @@ def load_heads(path: Path, config: object, *, fingerprint: str | None = None) ->
         metadata = read_metadata(path)
     except Exception as error:  # safetensors raises several types for a damaged file
         raise HeadsError(f"cannot read heads file {path}: {error}") from None
-    state = {k[k.index(HEADS_PREFIX) :]: v for k, v in state.items() if HEADS_PREFIX in k}
+    _check_identity(path, metadata, fingerprint, gguf_sha256)
+    return heads_from_state(state, config, origin=str(path))
+
+
+def _check_identity(path: Path, metadata: dict[str, str], fingerprint: str | None, gguf: str | None) -> None:
+    expected_gguf = metadata.get("base_model_gguf_sha256")
+    if gguf is not None and expected_gguf:
+        if expected_gguf != gguf:
+            raise HeadsError(f"heads in {path} were trained for another model (GGUF sha256 {expected_gguf[:12]})")
+        return
+    expected = metadata.get("base_model_fingerprint")
+    if fingerprint is not None and expected and expected != fingerprint:
+        raise HeadsError(f"heads in {path} were trained for another model (fingerprint {expected[:12]})")
+
+
+def heads_from_state(state: dict[str, torch.Tensor], config: object, *, origin: str = "checkpoint") -> DraftHeads:
+    """Build heads from any state dict holding `...medusa_layers.{i}.*` (a prefix such as `model.` is dropped)."""
+    state = {k[k.index(HEADS_PREFIX) :]: v.float() for k, v in state.items() if HEADS_PREFIX in k}
     indices = {int(k.split(".")[1]) for k in state}
     if not indices:
-        raise HeadsError(f"{path} holds no draft heads (no medusa_layers.* tensors)")
+        raise HeadsError(f"{origin} holds no draft heads (no medusa_layers.* tensors)")
+    if indices != set(range(len(indices))):
+        raise HeadsError(f"{origin} has draft heads {sorted(indices)}: they must be numbered from 0 without gaps")
     hidden = int(config.hidden_size)  # type: ignore[attr-defined]
-    width = state[f"{HEADS_PREFIX}0.linear.weight"].shape[-1]
+    key = f"{HEADS_PREFIX}0.linear.weight"
+    width = state[key].shape[-1] if key in state else None
     if width != hidden:
-        raise HeadsError(f"heads in {path} are for hidden size {width}, the model has {hidden}")
-    expected = metadata.get("base_model_fingerprint")
-    if fingerprint is not None and expected is not None and expected != fingerprint:
-        raise HeadsError(f"heads in {path} were trained for another model (fingerprint {expected[:12]})")
+        raise HeadsError(f"heads in {origin} are for hidden size {width}, the model has {hidden}")
     heads = DraftHeads(hidden, len(indices), float(getattr(config, "rms_norm_eps", 1e-5)))
     try:
         heads.load_state_dict(state)
     except RuntimeError as error:
-        raise HeadsError(f"heads in {path} do not match the expected layout: {error}") from None
+        raise HeadsError(f"heads in {origin} do not match the expected layout: {error}") from None
     return heads.eval().requires_grad_(False)
+
+
+def read_checkpoint_heads(source: Path) -> dict[str, torch.Tensor]:
+    """The `medusa_layers.*` tensors of a TokenSwift model checkpoint (a file, or a folder of shards).
+
+    TokenSwift stores its heads inside the model's own state dict (`model.medusa_layers.{i}.*`);
+    only those tensors are read, so a multi-GB checkpoint costs little.
+    """
+    if source.is_dir():
+        files = sorted(p for p in source.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+    elif source.is_file():
+        files = [source]
+    else:
+        raise HeadsError(f"no such checkpoint file or folder: {source}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(str(file), framework="pt") as handle:
+                    state |= {k: handle.get_tensor(k) for k in handle.keys() if HEADS_PREFIX in k}  # noqa: SIM118
+            else:
+                loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                state |= {k: v for k, v in loaded.items() if HEADS_PREFIX in k}
+        except Exception as error:  # damaged or foreign file: one clear line for the user
+            raise HeadsError(f"cannot read checkpoint {file}: {error}") from None
+    return state
+
+
+def import_heads(source: Path, config: object | None = None) -> DraftHeads:
+    """Heads from a TokenSwift model checkpoint, checked against `config` (else sized from the tensors)."""
+    state = read_checkpoint_heads(source)
+    if config is None:
+        width = next((v.shape[-1] for k, v in state.items() if k.endswith("0.linear.weight")), 0)
+        config = SimpleNamespace(hidden_size=width, rms_norm_eps=_checkpoint_eps(source))
+    return heads_from_state(state, config, origin=str(source))
+
+
+def _checkpoint_eps(source: Path) -> float:
+    config = (source if source.is_dir() else source.parent) / "config.json"
+    try:
+        return float(json.loads(config.read_text(encoding="utf-8")).get("rms_norm_eps", 1e-5))
+    except (OSError, ValueError):
+        return 1e-5
+
+
+SHIPPED = {"default": "smollm2-135m-instruct.safetensors"}
+
+
+def shipped_heads(model_name: str) -> Path | None:
+    """The trained heads shipped for a model (`heads/` of the source tree), if there are any."""
+    name = SHIPPED.get(model_name)
+    path = Path(__file__).resolve().parents[2] / "heads" / name if name else None
+    return path if path is not None and path.is_file() else None
+
+
+def model_identity(fingerprint: str, source: str = "") -> dict[str, str]:
+    """Metadata naming the base model: its fingerprint and, for a converted GGUF file, the file's sha256."""
+    identity = {"base_model_fingerprint": fingerprint}
+    record = Path(source) / "tokenswift-source.json" if source else None
+    if record is not None and record.is_file():
+        sha = json.loads(record.read_text(encoding="utf-8")).get("gguf_sha256")
+        if sha:
+            identity["base_model_gguf_sha256"] = str(sha)
+    return identity
+
+
+def resolve_heads(choice: str, loaded: LoadedModel) -> tuple[DraftHeads | None, Path | None]:
+    """`--heads`: "none", "default" (the shipped heads of the model, none if there are none) or a file.
+
+    Returns the heads and the file they came from; refuses heads of another model (HeadsError).
+    """
+    if choice == "none":
+        return None, None
+    path = shipped_heads(loaded.name) if choice == "default" else Path(choice).expanduser()
+    if path is None:
+        return None, None
+    identity = model_identity(loaded.fingerprint, loaded.source)
+    heads = load_heads(
+        path,
+        loaded.model.config,
+        fingerprint=loaded.fingerprint,
+        gguf_sha256=identity.get("base_model_gguf_sha256"),
+    )
+    return heads, path
