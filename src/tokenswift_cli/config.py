@@ -14,6 +14,7 @@ SCHEMA_VERSION = 1
 
 Mode = Literal["tokenswift", "plain"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+RopeScaling = Literal["auto", "yarn", "none"]
 
 
 class ConfigError(ValueError):
@@ -123,11 +124,17 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Which model to load and where. `name` is "default", a local folder, a .gguf file or a hub id."""
+    """Which model to load and where. `name` is "default", a local folder, a .gguf file or a hub id.
+
+    `rope_scaling` "auto" applies YaRN when a run outgrows the trained length (see rope.py), "none"
+    keeps the model as configured; `rope_factor` fixes the YaRN factor (None: sized to the run).
+    """
 
     name: str = "default"
     dtype: DType = "auto"
     device: str = "cpu"
+    rope_scaling: RopeScaling = "auto"
+    rope_factor: float | None = None
 
     def __post_init__(self) -> None:
         _check(bool(self.name.strip()), "model name must not be empty")
@@ -136,3 +143,7 @@ class ModelSpec:
             self.device in ("cpu", "auto", "mps") or self.device.startswith("cuda"),
             f"unknown device {self.device!r}: use cpu, cuda, cuda:N or auto",
         )
+        _check(self.rope_scaling in ("auto", "yarn", "none"), f"unknown rope scaling {self.rope_scaling!r}")
+        factor = self.rope_factor
+        _check(factor is None or (math.isfinite(factor) and factor >= 1), "rope factor must be >= 1")
+        _check(factor is None or self.rope_scaling != "none", "a rope factor needs rope scaling yarn or auto")

@@ -28,6 +28,7 @@ from transformers.utils import logging as hf_logging
 
 from .config import ModelSpec
 from .paths import cache_dir
+from .rope import RopePlan, apply_rope, plan_rope
 
 log = logging.getLogger(__name__)
 Tokenizer = PreTrainedTokenizerBase
@@ -37,6 +38,8 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _VOLATILE_KEYS = ("_name_or_path", "transformers_version", "_commit_hash")  # who wrote it, not what
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 _HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.jinja"]
+# End-of-text markers of common chat/base vocabularies, besides what the config and tokenizer name.
+_EOS_TOKENS = ("<|endoftext|>", "<|im_end|>", "</s>", "<|eot_id|>", "<|end_of_text|>", "<|end|>")
 
 
 class ModelLoadError(Exception):
@@ -47,6 +50,8 @@ class ModelLoadError(Exception):
 class LoadedModel:
     """Eval mode, gradients off. `tokenizer` is None when a local folder has none; `fingerprint` names
     the weights + config on disk (not dtype/device); `name` is `ModelSpec.name`; `source` the folder read.
+    `spec` is the spec with its rope scaling resolved (record it: loading it again gives this model);
+    `rope` says which rotary embedding the model has and `rope.warning()` whether the run outgrows it.
     """
 
     model: PreTrainedModel
@@ -54,6 +59,8 @@ class LoadedModel:
     fingerprint: str
     name: str
     source: str = ""
+    spec: ModelSpec | None = None
+    rope: RopePlan | None = None
 
 
 def default_model_path() -> Path:
@@ -74,8 +81,13 @@ def check_supported(model_type: str | None) -> None:
         raise ModelLoadError(f"model architecture {model_type} is not supported; supported: {supported}")
 
 
-def load_model(spec: ModelSpec, *, attn_implementation: str | None = None) -> LoadedModel:
-    """Load `spec.name` ("default", a .gguf file, a model folder or a hub id) with its dtype and device."""
+def load_model(
+    spec: ModelSpec, *, attn_implementation: str | None = None, total_tokens: int | None = None
+) -> LoadedModel:
+    """Load `spec.name` ("default", a .gguf file, a model folder or a hub id) with its dtype and device.
+
+    `total_tokens` (prefix + tokens to write) sizes the YaRN factor of `spec.rope_scaling` "auto"/"yarn".
+    """
     name = spec.name
     path = default_model_path() if name == "default" else Path(name).expanduser()
     with _quiet():
@@ -95,7 +107,27 @@ def load_model(spec: ModelSpec, *, attn_implementation: str | None = None) -> Lo
             raise ModelLoadError(f"no such model file or folder: {name}")
         model, tokenizer = _load_dir(folder, spec, attn_implementation)
         fingerprint = folder_fingerprint(folder)
-    return LoadedModel(model, tokenizer, fingerprint, name, str(folder))
+        with _failing_as(f"cannot apply rope scaling {spec.rope_scaling} to {name}"):
+            rope = plan_rope(spec, model.config, total_tokens)
+            apply_rope(model, rope)
+    return LoadedModel(model, tokenizer, fingerprint, name, str(folder), rope.resolved(spec), rope)
+
+
+def eos_token_ids(tokenizer: Tokenizer | None, config: Any) -> list[int]:
+    """Every end-of-text token id of this model (config, generation config, tokenizer, known markers).
+
+    Without --stop-at-eos, put them in `SamplingConfig.suppress_token_ids`: the sampler then never
+    draws them, identically in plain and accelerated modes, so an instruct model cannot end a long run.
+    """
+    ids: set[int] = set()
+    generation = getattr(config, "generation_config", None)
+    for source in (config, generation, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        ids.update(int(v) for v in (value if isinstance(value, list | tuple) else [value]) if v is not None)
+    if tokenizer is not None:
+        vocab = tokenizer.get_vocab()
+        ids.update(int(vocab[t]) for t in _EOS_TOKENS if t in vocab)
+    return sorted(ids)
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any]:

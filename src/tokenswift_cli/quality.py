@@ -1,0 +1,248 @@
+"""Quality of a long text: perplexity by position, Distinct-n, repeated sentences, compression ratio.
+
+Perplexity is the model's mean negative log-likelihood per token (nats; ppl = exp(nll)). With a
+sliding `window` every token is scored from at least `window - stride` preceding tokens, at positions
+below `window`: this measures local fluency and is comparable between runs of any length. With
+`window=None` each token sees the whole text before it at its true position: this measures whether
+the model (as loaded, e.g. with YaRN) copes with long contexts. Low perplexity alone can mean
+repetition, so read it with Distinct-n (distinct n-grams / n-grams, token ids, per window), the rate of
+sentences that already occurred earlier in the text, and the zlib compression ratio (raw / compressed:
+higher = more repetitive; English prose is about 2.5-3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .config import ModelSpec
+from .loading import ModelLoadError, Tokenizer, load_model
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n+")
+_MIN_SENTENCE_WORDS = 4  # shorter ones ("He nodded.") repeat in any good text
+
+
+@dataclass(frozen=True)
+class EvalWindows:
+    """Table rows of `bucket` tokens, Distinct-n windows, perplexity window (None: full context) and stride."""
+
+    bucket: int = 2048
+    distinct_window: int = 10_000
+    window: int | None = 2048
+    stride: int = 1024
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Tokens [start, end) of the text: mean NLL (None when not computed), repeats, compression."""
+
+    start: int
+    end: int
+    nll: float | None
+    repeated_sentences: float
+    compression: float
+
+    @property
+    def perplexity(self) -> float | None:
+        return None if self.nll is None else math.exp(self.nll)
+
+
+@dataclass(frozen=True)
+class DistinctWindow:
+    """Distinct-1..4 of tokens [start, end)."""
+
+    start: int
+    end: int
+    distinct: tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    tokens: int
+    nll: float | None
+    repeated_sentences: float
+    compression: float
+    buckets: tuple[Bucket, ...]
+    distinct: tuple[DistinctWindow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@torch.no_grad()
+def token_nll(
+    model: PreTrainedModel,
+    tokens: Sequence[int],
+    *,
+    window: int | None = 2048,
+    stride: int = 1024,
+    first: int = 1,
+) -> torch.Tensor:
+    """NLL `[len(tokens) - first]` of tokens[first:] (first >= 1), each predicted from its prefix.
+
+    `window` None: the whole prefix, processed in `stride`-sized chunks with a cache.
+    """
+    if window is not None and not 0 < stride <= window:
+        raise ValueError("the stride must be in (0, window]")
+    ids = torch.tensor([int(t) for t in tokens], device=model.device)  # [n]
+    first = max(1, first)
+    if window is None:
+        return _nll_full(model, ids, stride, first)
+    out: list[torch.Tensor] = []
+    scored_until = first  # tokens before this one are scored already (or not wanted)
+    for begin in range(0, ids.shape[0], stride):
+        end = min(begin + window, ids.shape[0])
+        if end > scored_until:
+            out.append(_nll_span(model, ids[begin:end], max(scored_until - begin, 1), None))
+            scored_until = end
+        if end == ids.shape[0]:
+            break
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def _nll_full(model: PreTrainedModel, ids: torch.Tensor, chunk: int, first: int) -> torch.Tensor:
+    cache, out = DynamicCache(config=model.config), []
+    for begin in range(0, ids.shape[0], chunk):
+        end = min(begin + chunk, ids.shape[0])
+        # Position p is predicted by the logits at p - 1: score this chunk's predictions of the next tokens.
+        nll = _nll_span(model, ids[begin : min(end + 1, ids.shape[0])], 1, cache, feed=end - begin)
+        keep = torch.arange(begin + 1, begin + 1 + nll.shape[0]) >= first  # [scored]
+        out.append(nll[keep])
+    return torch.cat(out)
+
+
+def _nll_span(
+    model: PreTrainedModel, ids: torch.Tensor, skip: int, cache: DynamicCache | None, feed: int | None = None
+) -> torch.Tensor:
+    """NLL of ids[skip:] given ids before them; with `cache`, only ids[:feed] go through the model."""
+    feed = ids.shape[0] if feed is None else feed
+    start = cache.get_seq_length() if cache is not None else 0
+    positions = torch.arange(start, start + feed, device=ids.device)[None]  # [1, feed]
+    hidden = model.get_decoder()(  # type: ignore[no-untyped-call]
+        input_ids=ids[None, :feed], position_ids=positions, past_key_values=cache, use_cache=cache is not None
+    ).last_hidden_state[0]  # [feed, hidden]
+    targets = ids[skip:]  # [scored]
+    head = model.get_output_embeddings()  # type: ignore[no-untyped-call]
+    logits = head(hidden[skip - 1 : skip - 1 + targets.shape[0]]).float()  # [scored, vocab]
+    return torch.nn.functional.cross_entropy(logits, targets, reduction="none").cpu()
+
+
+def distinct_n(tokens: Sequence[int], n: int) -> float:
+    """Distinct n-grams over n-grams (1.0 when there are none)."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences, lower-cased with whitespace collapsed, of at least `_MIN_SENTENCE_WORDS` words."""
+    parts = (" ".join(s.lower().split()) for s in _SENTENCE_END.split(text))
+    return [s for s in parts if len(s.split()) >= _MIN_SENTENCE_WORDS]
+
+
+def repeated_sentence_rate(text: str, seen: set[str] | None = None) -> float:
+    """Fraction of sentences of `text` that occurred before (in `text` or in `seen`, which grows)."""
+    seen = set() if seen is None else seen
+    found = sentences(text)
+    repeats = 0
+    for s in found:
+        repeats += s in seen
+        seen.add(s)
+    return repeats / len(found) if found else 0.0
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw, 9)) if raw else 1.0
+
+
+def distinct_windows(tokens: Sequence[int], size: int = 10_000) -> tuple[DistinctWindow, ...]:
+    """Distinct-1..4 per window of `size` tokens; a last partial window counts if it is at least half one."""
+    starts = [s for s in range(0, len(tokens), size) if s == 0 or len(tokens) - s >= size // 2]
+    return tuple(DistinctWindow(s, min(s + size, len(tokens)), _distinct4(tokens[s : s + size])) for s in starts)
+
+
+def _distinct4(tokens: Sequence[int]) -> tuple[float, float, float, float]:
+    return (distinct_n(tokens, 1), distinct_n(tokens, 2), distinct_n(tokens, 3), distinct_n(tokens, 4))
+
+
+def evaluate(
+    tokens: Sequence[int],
+    tokenizer: Tokenizer,
+    model: PreTrainedModel | None = None,
+    *,
+    prefix: Sequence[int] = (),
+    bucket: int = 2048,
+    distinct_window: int = 10_000,
+    window: int | None = 2048,
+    stride: int = 1024,
+) -> QualityReport:
+    """Every metric for `tokens` (a text after `prefix`, which is context only); NLL when `model` is given."""
+    nll = None
+    if model is not None and len(prefix) + len(tokens) > 1:
+        scored = token_nll(model, [*prefix, *tokens], window=window, stride=stride, first=max(1, len(prefix)))
+        nll = scored[-len(tokens) :] if prefix else torch.cat([torch.full((1,), math.nan), scored])  # [n]
+    seen: set[str] = set()
+    buckets = []
+    for start in range(0, len(tokens), bucket):
+        end = min(start + bucket, len(tokens))
+        text = str(tokenizer.decode(list(tokens[start:end])))
+        mean = None if nll is None else float(nll[start:end].nanmean())
+        buckets.append(Bucket(start, end, mean, repeated_sentence_rate(text, seen), compression_ratio(text)))
+    whole = str(tokenizer.decode(list(tokens)))
+    return QualityReport(
+        tokens=len(tokens),
+        nll=None if nll is None else float(nll.nanmean()),
+        repeated_sentences=repeated_sentence_rate(whole),
+        compression=compression_ratio(whole),
+        buckets=tuple(buckets),
+        distinct=distinct_windows(tokens, distinct_window),
+    )
+
+
+def evaluate_text(
+    text: str, spec: ModelSpec, *, context: str = "", windows: EvalWindows = EvalWindows(), perplexity: bool = True
+) -> tuple[dict[str, Any], QualityReport]:
+    """Tokenize with `spec`'s model and evaluate; for full context, the model gets its rope sized to the text.
+
+    Returns a header (model, context tokens, rope used) and the report.
+    """
+    loaded = load_model(dataclasses.replace(spec, rope_scaling="none", rope_factor=None))
+    if loaded.tokenizer is None:
+        raise ModelLoadError(f"{spec.name} has no tokenizer: eval needs one")
+    tokenizer = loaded.tokenizer
+    tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    before = tokenizer(context, add_special_tokens=False)["input_ids"] if context else []
+    if perplexity and windows.window is None and spec.rope_scaling != "none":
+        loaded = load_model(spec, total_tokens=len(before) + len(tokens))
+    report = evaluate(
+        tokens, tokenizer, loaded.model if perplexity else None, prefix=before, bucket=windows.bucket,
+        distinct_window=windows.distinct_window, window=windows.window, stride=windows.stride,
+    )  # fmt: skip
+    used = loaded.spec or ModelSpec(rope_scaling="none")
+    head = {"model": spec.name, "context_tokens": len(before), "full_context": windows.window is None,
+            "rope": used.rope_scaling, "rope_factor": used.rope_factor}  # fmt: skip
+    return head, report
+
+
+def markdown(report: QualityReport) -> str:
+    """The report as two markdown tables: by position, and Distinct-n per window."""
+    rows = ["| tokens | NLL | ppl | repeated sentences | compression |", "| --- | --- | --- | --- | --- |"]
+    for b in [*report.buckets, None]:
+        span, nll, rep, comp = (
+            (f"{b.start}-{b.end}", b.nll, b.repeated_sentences, b.compression)
+            if b is not None
+            else ("all", report.nll, report.repeated_sentences, report.compression)
+        )
+        ppl = "-" if nll is None else f"{math.exp(nll):.1f}"
+        rows.append(f"| {span} | {'-' if nll is None else f'{nll:.2f}'} | {ppl} | {rep:.1%} | {comp:.2f} |")
+    rows += ["", "| tokens | distinct-1 | distinct-2 | distinct-3 | distinct-4 |", "| --- | --- | --- | --- | --- |"]
+    rows += [f"| {w.start}-{w.end} | " + " | ".join(f"{d:.3f}" for d in w.distinct) + " |" for w in report.distinct]
+    return "\n".join(rows)

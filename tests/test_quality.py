@@ -1,0 +1,154 @@
+"""Text quality metrics and `tokenswift eval`, on tiny models and hand-made texts."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from typer.testing import CliRunner
+
+from tokenswift_cli.quality import (
+    compression_ratio,
+    distinct_n,
+    distinct_windows,
+    evaluate,
+    markdown,
+    repeated_sentence_rate,
+    sentences,
+    token_nll,
+)
+
+WORDS = ["<unk>", "the", "keeper", "lit", "lamp", "at", "dusk", "and", "sea", "was", "calm", "."]
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+
+
+def hf_nll(model, tokens: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, :-1]
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(tokens[1:]), reduction="none")
+
+
+def test_distinct_n() -> None:
+    assert distinct_n([1, 2, 3, 4], 1) == 1.0
+    assert distinct_n([1, 1, 1, 1], 1) == 0.25
+    assert distinct_n([1, 2, 1, 2, 1], 2) == 0.5  # (1,2) (2,1) (1,2) (2,1)
+    assert distinct_n([1], 2) == 1.0
+    windows = distinct_windows(list(range(25)), size=10)
+    assert [(w.start, w.end) for w in windows] == [(0, 10), (10, 20), (20, 25)]
+    assert [(w.start, w.end) for w in distinct_windows(list(range(24)), size=10)] == [(0, 10), (10, 20)]
+
+
+def test_sentences_and_repeats() -> None:
+    text = "The keeper lit the lamp. He nodded. The sea was calm tonight!\\nThe keeper  lit the LAMP. Done."
+    assert sentences(text.replace("\\n", "\n")) == [
+        "the keeper lit the lamp.", "the sea was calm tonight!", "the keeper lit the lamp."
+    ]  # fmt: skip
+    assert repeated_sentence_rate(text.replace("\\n", "\n")) == pytest.approx(1 / 3)
+    seen: set[str] = set()
+    assert repeated_sentence_rate("The keeper lit the lamp.", seen) == 0.0
+    assert repeated_sentence_rate("Then the keeper lit the lamp. The keeper lit the lamp.", seen) == 0.5
+    assert repeated_sentence_rate("") == 0.0
+
+
+def test_compression_ratio_rises_with_repetition() -> None:
+    varied = " ".join(f"word{i * 7919 % 1000}" for i in range(400))
+    assert compression_ratio("the lamp " * 400) > 3 * compression_ratio(varied)
+    assert compression_ratio("") == 1.0
+
+
+@pytest.mark.parametrize("window", [None, 64, 500], ids=["full", "window64", "window-covers-all"])
+def test_token_nll_scores_every_token_once(window: int | None) -> None:
+    model = tiny_model("llama-gqa", seed=1)
+    tokens = torch.randint(2, 96, (150,), generator=torch.Generator().manual_seed(0)).tolist()
+    reference = hf_nll(model, tokens)
+    nll = token_nll(model, tokens, window=window, stride=32)
+    assert nll.shape == (149,)
+    seen = 149 if window is None or window >= 150 else window  # tokens scored with all of their prefix
+    torch.testing.assert_close(nll[: seen - 1], reference[: seen - 1], atol=1e-4, rtol=1e-4)
+    later = token_nll(model, tokens, window=window, stride=32, first=100)
+    torch.testing.assert_close(later, nll[99:], atol=1e-4, rtol=1e-4)
+
+
+def test_sliding_window_differs_from_full_context_only_past_the_window() -> None:
+    model = tiny_model("llama-gqa", seed=1)
+    tokens = torch.randint(2, 96, (200,), generator=torch.Generator().manual_seed(2)).tolist()
+    full, sliding = token_nll(model, tokens, window=None, stride=64), token_nll(model, tokens, window=64, stride=16)
+    torch.testing.assert_close(sliding[:63], full[:63], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(sliding[100:], full[100:], atol=1e-3)
+    with pytest.raises(ValueError, match="stride"):
+        token_nll(model, tokens, window=16, stride=32)
+
+
+def test_evaluate_by_position_with_a_context() -> None:
+    tokenizer = word_tokenizer()
+    model = tiny_model("llama-gqa", seed=1)  # vocab 96 covers the 12 words
+    sentence = tokenizer("the keeper lit the lamp at dusk .")["input_ids"]
+    tokens = sentence * 6  # 48 tokens, the same sentence six times
+    context = tokenizer("and the sea was calm .")["input_ids"]
+    report = evaluate(tokens, tokenizer, model, prefix=context, bucket=16, distinct_window=24, window=32, stride=8)
+    reference = hf_nll(model, context + tokens)[len(context) - 1 :]
+    assert [(b.start, b.end) for b in report.buckets] == [(0, 16), (16, 32), (32, 48)]
+    assert report.buckets[0].nll == pytest.approx(float(reference[:16].mean()), abs=1e-4)
+    assert report.repeated_sentences == pytest.approx(5 / 6)
+    assert report.buckets[0].repeated_sentences == pytest.approx(1 / 2)  # 2 sentences in the first 16 tokens
+    assert report.distinct[0].distinct[0] == pytest.approx(7 / 24)
+    assert math.isclose(report.buckets[0].perplexity or 0, math.exp(report.buckets[0].nll or 0))
+    table = markdown(report)
+    assert "| 0-16 |" in table and "| all |" in table and "distinct-4" in table
+    assert json.loads(json.dumps(report.to_dict()))["tokens"] == 48
+
+
+def test_evaluate_without_model_skips_perplexity() -> None:
+    tokenizer = word_tokenizer()
+    tokens = tokenizer("the keeper lit the lamp .")["input_ids"]
+    report = evaluate(tokens, tokenizer, None)
+    assert report.nll is None and report.buckets[0].nll is None
+    assert "| - | - |" in markdown(report)
+
+
+def save_word_model(folder: Path) -> Path:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_eval_command_on_a_file_and_on_a_run(tmp_path: Path) -> None:
+    from tokenswift_cli.cli import app
+
+    model = str(save_word_model(tmp_path / "m"))
+    text = tmp_path / "text.txt"
+    text.write_text("the keeper lit the lamp at dusk . " * 20, encoding="utf-8")
+    runner = CliRunner()
+    result = runner.invoke(app, ["eval", str(text), "-m", model, "--bucket", "64", "--window", "32", "--stride", "16"])
+    assert result.exit_code == 0, result.output
+    assert "| 0-64 |" in result.output and "rope=none" in result.output
+    run = tmp_path / "runs" / "run-001"
+    run.mkdir(parents=True)
+    (run / "settings.json").write_text("{}", encoding="utf-8")
+    (run / "text.txt").write_text("the sea was calm . " * 30, encoding="utf-8")
+    (run / "prefix.txt").write_text("the keeper lit the lamp .", encoding="utf-8")
+    args = ["eval", "1", "-m", model, "--runs-dir", str(tmp_path / "runs"), "--json", "--full-context"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert (data["context_tokens"], data["tokens"], data["full_context"]) == (6, 150, True)
+    assert (data["rope"], data["rope_factor"]) == ("yarn", 2.5)  # 156 positions > 64 trained
+    missing = runner.invoke(app, ["eval", "run-009", "-m", model, "--runs-dir", str(tmp_path / "runs")])
+    assert missing.exit_code == 2 and "no run named" in missing.output
