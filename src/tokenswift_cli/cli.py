@@ -1,0 +1,333 @@
+"""The `tokenswift` command. Thin: it parses flags into configs and calls `runner` with keyword arguments.
+
+Every error a user can cause ends in one line `error: ...` on stderr and exit code 2 (1 for a
+failure during generation), never a traceback. Torch is imported only when a command runs, so
+`--help` is instant. Other modules add commands through `register(app)` (see `register_extensions`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, cast
+
+import typer
+from typer.core import TyperGroup
+
+from . import __version__
+from .config import ConfigError, DraftConfig, DType, Mode, ModelSpec, RopeScaling, RunConfig, SamplingConfig
+from .options import (
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_NGRAM_TOP_K,
+    DEFAULT_PARTIAL_BUDGET,
+    DEFAULT_TREE,
+    SAMPLING_DEFAULTS,
+    CheckpointEveryOpt,
+    DeviceOpt,
+    DTypeOpt,
+    EtaOpt,
+    HeadsOpt,
+    JsonOpt,
+    MinPOpt,
+    ModelOpt,
+    ModeOpt,
+    NGramTopKOpt,
+    OutOpt,
+    PartialBudgetOpt,
+    PenaltyOpt,
+    PenaltyWindowOpt,
+    PrefixOpt,
+    QuietOpt,
+    RaiseTokensOpt,
+    RopeFactorOpt,
+    RopeScalingOpt,
+    RunsDirOpt,
+    SeedOpt,
+    StopAtEosOpt,
+    TemperatureOpt,
+    TokensOpt,
+    TopKOpt,
+    TopPOpt,
+    TreeOpt,
+    off_if_zero,
+    parse_tokens,
+    parse_tree,
+)
+
+EXTENSIONS = ("cli_heads", "cli_bench", "cli_eval")
+RunArg = Annotated[str, typer.Argument(help="A run: run-042, 42, or the path of a run folder.", show_default=False)]
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors as one line `error: ...` (exit code 2) instead of a usage box."""
+
+    def main(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+        standalone_mode: bool = True, **extra: Any,
+    ) -> Any:  # fmt: skip
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = result if isinstance(result, int) else 0
+        except typer.TyperException as error:  # typer's own click: usage errors, bad parameters
+            message = error.format_message()
+            if "\n" in message:  # no arguments: the message is the help text
+                typer.echo(message, err=True)
+            else:
+                ctx = getattr(error, "ctx", None)
+                where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+                typer.echo(f"error: {message}{where}", err=True)
+            code = error.exit_code
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            code = 1
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+app = typer.Typer(
+    cls=OneLineErrors,
+    name="tokenswift",
+    help="Write very long texts with a language model, several times faster than plain decoding, "
+    "with exactly the text the model alone would write (TokenSwift).\n\n"
+    "Example: tokenswift write --prefix novel.txt --tokens 100k > book.txt",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+runs_app = typer.Typer(
+    help="List runs, show one, remove one.\n\nExample: tokenswift runs show run-003 --json",
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(runs_app, name="runs")
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors a user can cause; those of modules not imported yet cannot have been raised."""
+    from .checkpoint import CheckpointError
+    from .runs import RunError
+
+    found: list[type[BaseException]] = [ConfigError, CheckpointError, RunError, OSError]
+    for module, name in (("loading", "ModelLoadError"), ("heads", "HeadsError")):
+        loaded = sys.modules.get(f"{__package__}.{module}")
+        if loaded is not None:
+            found.append(getattr(loaded, name))
+    return tuple(found)
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def errors() -> Iterator[None]:
+    """One line on stderr and exit code 2 for user errors, 1 for failures during generation."""
+    try:
+        yield
+    except (typer.Exit, typer.TyperException, KeyboardInterrupt):
+        raise
+    except Exception as error:
+        session = sys.modules.get(f"{__package__}.session")
+        if session is not None and isinstance(error, session.RunFailed):
+            code = 1
+        elif isinstance(error, _user_error_types()):
+            code = 2
+        elif os.environ.get("TOKENSWIFT_DEBUG"):
+            raise
+        else:
+            typer.echo(f"error: internal error, {type(error).__name__}: {_one_line(error)} "
+                       "(TOKENSWIFT_DEBUG=1 shows the traceback)", err=True)  # fmt: skip
+            raise typer.Exit(1) from None
+        typer.echo(f"error: {_one_line(error)}", err=True)
+        raise typer.Exit(code) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tokenswift {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Write very long texts fast and losslessly (TokenSwift)."""
+
+
+@app.command(epilog="Example: tokenswift write --prefix novel.txt --tokens 100k --temperature 0.8 --seed 7 > book.txt")
+def write(
+    prefix: PrefixOpt,
+    tokens: TokensOpt,
+    model: ModelOpt = "default",
+    heads: HeadsOpt = "default",
+    dtype: DTypeOpt = "auto",
+    device: DeviceOpt = "cpu",
+    rope_scaling: RopeScalingOpt = "auto",
+    rope_factor: RopeFactorOpt = None,
+    temperature: TemperatureOpt = SAMPLING_DEFAULTS.temperature,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
+    eta: EtaOpt = None,
+    penalty: PenaltyOpt = None,
+    penalty_window: PenaltyWindowOpt = SAMPLING_DEFAULTS.penalty_window,
+    seed: SeedOpt = SAMPLING_DEFAULTS.seed,
+    mode: ModeOpt = "tokenswift",
+    tree: TreeOpt = DEFAULT_TREE,
+    ngram_top_k: NGramTopKOpt = DEFAULT_NGRAM_TOP_K,
+    partial_budget: PartialBudgetOpt = DEFAULT_PARTIAL_BUDGET,
+    out: OutOpt = None,
+    checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_EVERY,
+    runs_dir: RunsDirOpt = None,
+    stop_at_eos: StopAtEosOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write --tokens tokens after the text of --prefix; the text streams to stdout.
+
+    The run is checkpointed as it goes; Ctrl-C stops it after the current step, and `tokenswift resume`
+    continues it with exactly the text an uninterrupted run would have written.
+    """
+    with errors():
+        sampling = SamplingConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
+            penalty_window=penalty_window, seed=seed,
+        )  # fmt: skip
+        draft = DraftConfig(
+            tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget)
+        )
+        # The Literal-typed fields are checked by the configs themselves (one-line ConfigError).
+        config = RunConfig(
+            max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,
+            draft=draft,
+        )  # fmt: skip
+        spec = ModelSpec(
+            name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),
+            rope_factor=rope_factor,
+        )  # fmt: skip
+        from . import runner
+
+        output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet)
+        text = runner.read_prefix(prefix)
+        code = runner.write(prefix=text, config=config, model=spec, heads=heads, runs_dir=runs_dir, output=output)
+    raise typer.Exit(code)
+
+
+@app.command(epilog="Example: tokenswift resume run-042 >> book.txt")
+def resume(
+    run: RunArg,
+    tokens: RaiseTokensOpt = None,
+    out: OutOpt = None,
+    checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_EVERY,
+    runs_dir: RunsDirOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Continue a stopped run to its target, exactly as if it had never stopped.
+
+    Only the new text goes to stdout (and to --out, appended); the run's text.txt holds all of it.
+    """
+    with errors():
+        target = parse_tokens(tokens) if tokens is not None else None
+        from . import runner
+
+        output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet)
+        code = runner.resume(run=run, tokens=target, runs_dir=runs_dir, output=output)
+    raise typer.Exit(code)
+
+
+@runs_app.callback(invoke_without_command=True)
+def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
+    """List runs: id, state, model, progress, tokens/s, alpha."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import runs
+
+    with errors():
+        root = runs.runs_root(runs_dir)
+        infos = runs.list_runs(root)
+    if as_json:
+        typer.echo(json.dumps([info.to_dict() for info in infos], indent=1))
+        return
+    if not infos:
+        typer.echo(f"no runs in {root}")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("run", "state", "model", "progress", "tok/s", "alpha", "created"):
+        table.add_column(column, justify="right" if column in ("progress", "tok/s", "alpha") else "left")
+    for info in infos:
+        table.add_row(
+            info.id, info.state, info.model, f"{info.generated:,}/{info.target:,}",
+            f"{info.tokens_per_second:.1f}", f"{info.alpha:.2f}", info.created.replace("T", " ")[:16],
+        )  # fmt: skip
+    Console(soft_wrap=True).print(table)
+
+
+@runs_app.command("show", epilog="Example: tokenswift runs show run-003 --json")
+def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
+    """Show one run's settings and statistics."""
+    from . import runs
+
+    with errors():
+        report = runs.run_report(runs.resolve_run(runs.runs_root(runs_dir), run))
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+        return
+    stats, cfg = report["statistics"], report["settings"]["run_config"]
+    lines = {
+        "run": f"{report['id']} ({report['state']})" + (f": {report['error']}" if report["error"] else ""),
+        "folder": report["path"],
+        "model": f"{report['settings']['model']['label']} ({report['settings']['model']['spec']['name']})",
+        "heads": report["settings"]["heads"]["path"] or "none",
+        "mode": cfg["mode"],
+        "progress": f"{stats['generated_tokens']:,}/{stats['target_tokens']:,} tokens",
+        "speed": f"{stats['tokens_per_second']:.2f} tok/s over {stats['seconds']:.1f} s",
+        "drafts": f"alpha {stats['alpha']:.3f}, {stats['mean_accepted_length']:.2f} tokens/step",
+        "sampling": ", ".join(f"{k}={v}" for k, v in cfg["sampling"].items() if v not in (None, ())),
+    }
+    for key, value in lines.items():
+        typer.echo(f"{key:>9}  {value}")
+
+
+@runs_app.command("rm", epilog="Example: tokenswift runs rm run-003")
+def runs_rm(run: RunArg, runs_dir: RunsDirOpt = None) -> None:
+    """Delete a run folder (checkpoints and text included)."""
+    from . import runs
+
+    with errors():
+        path = runs.remove_run(runs.runs_root(runs_dir), run)
+    typer.echo(f"removed {path}", err=True)
+
+
+def register_extensions(target: typer.Typer, names: Sequence[str] = EXTENSIONS) -> list[str]:
+    """Let each `tokenswift_cli.<name>` module that exists add its commands with `register(app)`."""
+    added = []
+    for name in names:
+        module_name = f"{__package__}.{name}"
+        if importlib.util.find_spec(module_name) is not None:
+            importlib.import_module(module_name).register(target)
+            added.append(name)
+    return added
+
+
+register_extensions(app)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main", "register_extensions"]

@@ -1,0 +1,238 @@
+"""What a run shows on stderr: a Rich live panel on a terminal, short log lines otherwise, nothing with
+--quiet. Presentation only: the runner hands over `Progress` snapshots and never formats anything.
+
+stdout carries the generated text alone. When stdout is the same terminal as the panel, the panel
+prints the text above itself line by line (raw writes would be overdrawn by the panel's refreshes).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Protocol
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot of a run after one step."""
+
+    run_id: str
+    generated: int
+    target: int
+    decode_seconds: float  # decoding time of the whole run, resumed parts included
+    alpha: float
+    mean_accepted: float
+    ngram_share: float  # accepted draft tokens that the n-gram table proposed
+    context: int  # tokens in the full cache
+    kv_bytes: int
+    last_checkpoint: int | None  # generated tokens at the last checkpoint
+
+
+class RateMeter:
+    """Tokens per second over the last `window` seconds (the panel's "now")."""
+
+    def __init__(self, window: float = 5.0, clock: Clock = time.monotonic) -> None:
+        self.window, self.clock = window, clock
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, generated: int) -> None:
+        now = self.clock()
+        self.samples.append((now, generated))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+            self.samples.popleft()
+
+    @property
+    def rate(self) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds // 60 % 60:02d}m"
+
+
+def format_bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def average_rate(p: Progress) -> float:
+    return p.generated / p.decode_seconds if p.decode_seconds > 0 else 0.0
+
+
+def eta(p: Progress, rate: float) -> str:
+    remaining = max(0, p.target - p.generated)
+    if remaining == 0:
+        return "0s"
+    return format_duration(remaining / rate) if rate > 0 else "?"
+
+
+def log_line(p: Progress, now_rate: float) -> str:
+    """One plain line (no escape codes) for logs."""
+    percent = 100 * p.generated / p.target if p.target else 100
+    return (
+        f"{p.run_id}: {p.generated}/{p.target} tokens ({percent:.0f}%), {now_rate:.1f} tok/s now, "
+        f"{average_rate(p):.1f} average, alpha {p.alpha:.2f}, {p.mean_accepted:.2f} tokens/step, "
+        f"context {p.context}, eta {eta(p, now_rate or average_rate(p))}"
+    )
+
+
+def panel(p: Progress, now_rate: float, *, title: str = "", checkpoint_age: float | None = None) -> RenderableType:
+    """The live panel for one snapshot (pure: tested by rendering it to a string)."""
+    avg = average_rate(p)
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(
+        ProgressBar(total=max(p.target, 1), completed=min(p.generated, p.target), width=40),
+        Text(f"{p.generated:,} / {p.target:,}"),
+        Text(f"{100 * p.generated / max(p.target, 1):.0f}%"),
+        Text(f"ETA {eta(p, now_rate or avg)}"),
+    )
+    rows = Table.grid(padding=(0, 2))
+    rows.add_column(style="bold")
+    rows.add_row("speed", f"{now_rate:.1f} tok/s now · {avg:.1f} tok/s average")
+    rows.add_row(
+        "drafts", f"alpha {p.alpha:.2f} · {p.mean_accepted:.2f} tokens/step · n-gram share {100 * p.ngram_share:.0f}%"
+    )
+    rows.add_row("context", f"{p.context:,} tokens · KV cache {format_bytes(p.kv_bytes)}")
+    if p.last_checkpoint is None:
+        saved = "no checkpoint yet"
+    else:
+        age = f" ({format_duration(checkpoint_age)} ago)" if checkpoint_age is not None else ""
+        saved = f"checkpoint at {p.last_checkpoint:,} tokens{age}"
+    rows.add_row("saved", saved)
+    return Panel(Group(bar, rows), title=title or f"tokenswift · {p.run_id}", title_align="left", expand=False)
+
+
+class Renderer(Protocol):
+    takes_text: bool  # True: the runner hands the text to `text` instead of writing it to stdout
+
+    def start(self, title: str) -> None: ...
+    def update(self, progress: Progress) -> None: ...
+    def checkpointed(self, generated: int) -> None: ...
+    def note(self, message: str) -> None: ...
+    def text(self, chunk: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class QuietRenderer:
+    """--quiet: nothing at all."""
+
+    takes_text = False
+
+    def start(self, title: str) -> None: ...
+    def update(self, progress: Progress) -> None: ...
+    def checkpointed(self, generated: int) -> None: ...
+    def note(self, message: str) -> None: ...
+    def text(self, chunk: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class LogRenderer(QuietRenderer):
+    """stderr is not a terminal: a plain line every `interval` seconds, and each note."""
+
+    def __init__(self, stream: IO[str], *, interval: float = 15.0, clock: Clock = time.monotonic) -> None:
+        self.stream, self.interval, self.clock = stream, interval, clock
+        self.meter = RateMeter(clock=clock)
+        self.last_line: float | None = None
+        self.progress: Progress | None = None
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def update(self, progress: Progress) -> None:
+        self.progress = progress
+        self.meter.add(progress.generated)
+        now = self.clock()
+        if self.last_line is None:
+            self.last_line = now
+        elif now - self.last_line >= self.interval:
+            self.last_line = now
+            self._print(log_line(progress, self.meter.rate))
+
+    def note(self, message: str) -> None:
+        self._print(message)
+
+
+class LivePanel(QuietRenderer):
+    """stderr is a terminal: a panel redrawn a few times per second."""
+
+    def __init__(self, console: Console, *, takes_text: bool, clock: Clock = time.monotonic) -> None:
+        self.console, self.takes_text, self.clock = console, takes_text, clock
+        self.meter = RateMeter(clock=clock)
+        self.progress: Progress | None = None
+        self.title = ""
+        self.checkpoint_time: float | None = None
+        self.pending = ""  # the text's unfinished last line, shown under the panel
+        self.live = Live(
+            console=console, refresh_per_second=4, redirect_stdout=False, redirect_stderr=False, transient=False,
+            get_renderable=self._renderable,
+        )  # fmt: skip
+
+    def _renderable(self) -> RenderableType:
+        if self.progress is None:
+            return Text(f"{self.title} starting…")
+        age = self.clock() - self.checkpoint_time if self.checkpoint_time is not None else None
+        view = panel(self.progress, self.meter.rate, title=self.title, checkpoint_age=age)
+        if self.takes_text and self.pending:
+            return Group(Text(self.pending[-self.console.width :], overflow="ellipsis", no_wrap=True), view)
+        return view
+
+    def start(self, title: str) -> None:
+        self.title = title
+        self.live.start()
+
+    def update(self, progress: Progress) -> None:
+        self.progress = progress
+        self.meter.add(progress.generated)
+
+    def checkpointed(self, generated: int) -> None:
+        self.checkpoint_time = self.clock()
+
+    def note(self, message: str) -> None:
+        self.console.print(message, markup=False, highlight=False)
+
+    def text(self, chunk: str) -> None:
+        lines = (self.pending + chunk).split("\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+    def close(self) -> None:
+        if self.takes_text and self.pending:
+            self.console.print(self.pending, markup=False, highlight=False, emoji=False, soft_wrap=True)
+            self.pending = ""
+        self.live.stop()
+
+
+def make_renderer(*, quiet: bool, stderr: IO[str] | None = None, stdout: IO[str] | None = None) -> Renderer:
+    """Quiet, a live panel when stderr is a terminal, plain log lines otherwise."""
+    stderr = stderr or sys.stderr
+    stdout = stdout or sys.stdout
+    if quiet:
+        return QuietRenderer()
+    if stderr.isatty():
+        return LivePanel(Console(file=stderr), takes_text=stdout.isatty())
+    return LogRenderer(stderr)

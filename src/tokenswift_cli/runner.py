@@ -1,0 +1,365 @@
+"""What `tokenswift write` and `tokenswift resume` do, as library calls with keyword-only arguments.
+
+Load the model, tokenizer and heads; prefill (or restore a checkpoint); run `decode.generate`; stream
+the text to stdout, `--out` and the run's `text.txt`; checkpoint every N tokens; on SIGINT/SIGTERM
+finish the step, checkpoint and return 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from . import __version__, runs
+from .checkpoint import Checkpointer, CheckpointError, RunLock, read_manifest, restore, write_atomic
+from .config import ConfigError, ModelSpec, RunConfig
+from .heads import DraftHeads, load_heads
+from .loading import LoadedModel, ModelLoadError, eos_token_ids, load_model
+from .paths import home_dir
+from .render import Renderer, make_renderer
+from .rope import apply_rope, plan_rope
+from .session import Session, StopSignals, TextSink
+from .state import GenerationState, prefill
+from .target import Target
+from .textstream import TextStream, tokenizer_decoder
+
+# Heads shipped for a model name, looked up in $TOKENSWIFT_HOME/heads, then in the project's heads/.
+SHIPPED_HEADS = {"default": "smollm2-135m-instruct.safetensors"}
+_PROJECT_HEADS = Path(__file__).resolve().parents[2] / "heads"
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the text goes besides stdout and the run folder, how often to checkpoint, how much to say."""
+
+    out: Path | None = None
+    checkpoint_every: int = 512
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ConfigError("--checkpoint-every must be >= 1")
+
+    def check(self) -> None:
+        """Refuse an --out file that cannot be created, before any run folder is."""
+        if self.out is not None and not self.out.expanduser().absolute().parent.is_dir():
+            raise ConfigError(f"cannot write {self.out}: its folder does not exist")
+        if self.out is not None and self.out.is_dir():
+            raise ConfigError(f"cannot write {self.out}: it is a folder")
+
+
+DEFAULT_MODEL = ModelSpec()
+DEFAULT_OUTPUT = Output()
+
+
+def read_prefix(source: str) -> str:
+    """The prefix text from a file or `-` (stdin); refuses missing, empty, binary or non-UTF-8 input."""
+    name = "from standard input" if source == "-" else source
+    try:
+        if source == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            path = Path(source).expanduser()
+            if not path.exists():
+                raise ConfigError(f"prefix file not found: {source}")
+            if path.is_dir():
+                raise ConfigError(f"the prefix {source} is a folder, not a text file")
+            data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"cannot read the prefix {name} ({error.strerror or error})") from None
+    if not data.strip():
+        raise ConfigError(f"the prefix {name} is empty")
+    if b"\0" in data:
+        raise ConfigError(f"the prefix {name} is a binary file, not text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"the prefix {name} is not UTF-8 text") from None
+    return text.removeprefix("\ufeff")
+
+
+# ---- loading ----
+
+
+@dataclass(frozen=True)
+class _Model:
+    target: Target
+    heads: DraftHeads | None
+    tokenizer: Any
+    eos_ids: tuple[int, ...]
+    settings: dict[str, Any]  # the model part of settings.json
+    heads_settings: dict[str, Any]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def shipped_heads(model_name: str) -> Path | None:
+    """The shipped heads of a model, if present (only the default model has some)."""
+    filename = SHIPPED_HEADS.get(model_name)
+    if filename is None:
+        return None
+    for folder in (home_dir() / "heads", _PROJECT_HEADS):
+        if (folder / filename).is_file():
+            return folder / filename
+    return None
+
+
+def _eos_ids(loaded: LoadedModel) -> tuple[int, ...]:
+    """End-of-text ids named by the config, the generation config or the tokenizer."""
+    model = loaded.model
+    return tuple(sorted({*eos_token_ids(loaded.tokenizer, model.config), *eos_token_ids(None, model)}))
+
+
+def _load(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Callable[[str], None]) -> _Model:
+    """Load the model and its heads. `heads`: a path, "none", "default" (shipped heads, if any) or None.
+
+    The rotary embedding is loaded as `spec` says; `_fit_rope` sizes an "auto"/"yarn" one to the run.
+    """
+    note(f"loading model {spec.name} ({spec.device})")
+    loaded = load_model(spec)
+    if loaded.tokenizer is None:
+        raise ModelLoadError(f"the model {spec.name} has no tokenizer files")
+    target = Target(loaded.model)
+    path: Path | None = None
+    if cfg.mode == "tokenswift" and heads not in (None, "none"):
+        path = shipped_heads(spec.name) if heads == "default" else Path(heads).expanduser().absolute()
+        if path is None and spec.name in SHIPPED_HEADS:
+            note(f"no trained draft heads for this model ({SHIPPED_HEADS[spec.name]}): drafting without heads")
+    draft_heads = None
+    if path is not None:
+        draft_heads = load_heads(path, loaded.model.config, fingerprint=loaded.fingerprint)
+        draft_heads = draft_heads.to(device=target.device, dtype=loaded.model.dtype)
+    label = DEFAULT_MODEL_LABEL if spec.name == "default" else Path(spec.name).name or spec.name
+    model_settings = {"spec": asdict(spec), "fingerprint": loaded.fingerprint, "label": label, "source": loaded.source}
+    heads_settings = {
+        "choice": heads,
+        "path": str(path) if path else None,
+        "fingerprint": _sha256(path) if path else None,
+    }
+    return _Model(target, draft_heads, loaded.tokenizer, _eos_ids(loaded), model_settings, heads_settings)
+
+
+def _unscaled(spec: ModelSpec) -> ModelSpec:
+    return dataclasses.replace(spec, rope_scaling="none", rope_factor=None)
+
+
+def _fit_rope(model: _Model, spec: ModelSpec, total_tokens: int, note: Callable[[str], None]) -> _Model:
+    """Give the model (loaded unscaled) the rope scaling `spec` asks for a run of `total_tokens` positions.
+
+    The settings record the resolved spec ("yarn" with its factor, or "none"), so that a resume, whatever
+    its target, loads exactly this model.
+    """
+    plan = plan_rope(spec, model.target.model.config, total_tokens)
+    apply_rope(model.target.model, plan)
+    warning = plan.warning()
+    if warning:
+        note(warning)
+    return dataclasses.replace(model, settings={**model.settings, "spec": asdict(plan.resolved(spec))})
+
+
+def _suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
+    """Without --stop-at-eos the sampler never draws an end-of-text token (plain and accelerated alike):
+    an instruct model would otherwise end its text and go on with noise."""
+    if config.stop_at_eos or config.sampling.suppress_token_ids or not eos_ids:
+        return config
+    return config.replace(sampling=dataclasses.replace(config.sampling, suppress_token_ids=tuple(eos_ids)))
+
+
+def _hint(run_dir: Path, runs_dir: Path | None) -> str:
+    extra = f" --runs-dir {runs.runs_root(runs_dir)}" if runs_dir is not None else ""
+    return f"resume with: tokenswift resume {run_dir.name}{extra}"
+
+
+@contextlib.contextmanager
+def _failing_run(run_dir: Path) -> Iterator[None]:
+    """A run that breaks before generating is marked failed, with the reason."""
+    try:
+        yield
+    except Exception as error:
+        with contextlib.suppress(OSError):
+            runs.set_status(run_dir, "failed", str(error).splitlines()[0] if str(error) else type(error).__name__)
+        raise
+
+
+def _session(
+    run_dir: Path,
+    loaded: _Model,
+    state: GenerationState,
+    stream: TextStream,
+    *,
+    cfg: RunConfig,
+    keep_bytes: int | None,
+    output: Output,
+    renderer: Renderer,
+    runs_dir: Path | None,
+) -> Session:
+    """Open the text outputs and the panel for a run whose state is ready (prefilled or restored)."""
+    fingerprints = {"model": loaded.settings["fingerprint"], "heads": loaded.heads_settings["fingerprint"]}
+    renderer.start(f"tokenswift · {run_dir.name} · {loaded.settings['label']}")
+    echo = renderer.text if renderer.takes_text else None
+    return Session(
+        run_dir=run_dir, cfg=cfg, target=loaded.target, heads=loaded.heads, eos_ids=loaded.eos_ids, state=state,
+        stream=stream, sink=TextSink(run_dir / runs.TEXT, keep_bytes=keep_bytes, out=output.out, echo=echo),
+        checkpointer=Checkpointer(run_dir, fingerprints=fingerprints), renderer=renderer,
+        every=output.checkpoint_every, resume_hint=_hint(run_dir, runs_dir),
+    )  # fmt: skip
+
+
+# ---- the two commands ----
+
+
+def write(
+    *,
+    prefix: str,
+    config: RunConfig,
+    model: ModelSpec = DEFAULT_MODEL,
+    heads: str = "default",
+    runs_dir: Path | None = None,
+    output: Output = DEFAULT_OUTPUT,
+) -> int:
+    """Start a run: write `config.max_new_tokens` tokens after `prefix`. Returns the exit code."""
+    root = runs.runs_root(runs_dir)
+    runs.ensure_writable(root)
+    output.check()
+    renderer = make_renderer(quiet=output.quiet)
+    loaded = _load(_unscaled(model), heads, config, renderer.note)
+    prompt = loaded.tokenizer(prefix)["input_ids"]
+    if not prompt:
+        raise ConfigError("the prefix has no tokens")
+    loaded = _fit_rope(loaded, model, len(prompt) + config.max_new_tokens, renderer.note)
+    config = _suppress_eos(config, loaded.eos_ids)
+    run_dir = runs.create_run(root)
+    with RunLock(run_dir), _failing_run(run_dir):
+        settings = {
+            "version": __version__,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "run_config": config.to_dict(),
+            "model": loaded.settings,
+            "heads": loaded.heads_settings,
+            "prefix": {"file": runs.PREFIX, "tokens": len(prompt), "bytes": len(prefix.encode())},
+        }
+        write_atomic(run_dir / runs.PREFIX, prefix.encode())
+        runs.write_settings(run_dir, settings)
+        runs.set_status(run_dir, "running")
+        renderer.note(
+            f"{run_dir.name}: {config.max_new_tokens} tokens after a {len(prompt)}-token prefix, "
+            f"model {loaded.settings['label']}, heads {loaded.heads_settings['path'] or 'none'}, mode {config.mode}"
+        )
+        with StopSignals() as stop:
+            state = prefill(loaded.target, prompt, config)
+            stream = TextStream(tokenizer_decoder(loaded.tokenizer), prompt)
+            session = _session(
+                run_dir, loaded, state, stream, cfg=config, keep_bytes=None, output=output, renderer=renderer,
+                runs_dir=runs_dir,
+            )  # fmt: skip
+            session.checkpoint()  # the prefix's keys/values: a resume never prefills again
+            return session.drive(stop)
+
+
+def _check_resumable(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunConfig, tokens: int | None) -> int:
+    """The new target; refuses a complete run (unless `tokens` raises the target) or a damaged one."""
+    info = (manifest or {}).get("state", {})
+    generated, name = info.get("emitted", 0), run_dir.name
+    if info.get("eos_seen") and cfg.stop_at_eos:
+        raise CheckpointError(f"{name} is complete: it ended at the end-of-sequence token (--stop-at-eos)")
+    target = tokens if tokens is not None else cfg.max_new_tokens
+    if tokens is not None and tokens < cfg.max_new_tokens:
+        raise ConfigError(f"--tokens {tokens} would lower the target of {name} ({cfg.max_new_tokens})")
+    if generated >= target:
+        raise CheckpointError(f"{name} is complete ({generated} tokens); raise its target with --tokens")
+    text = run_dir / runs.TEXT
+    size = text.stat().st_size if text.exists() else 0
+    if size < info.get("text_bytes", 0):
+        raise CheckpointError(f"{text} is shorter than its checkpoint ({size} < {info['text_bytes']} bytes)")
+    return target
+
+
+def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: _Model) -> None:
+    name = run_dir.name
+    if loaded.settings["fingerprint"] != settings["model"]["fingerprint"]:
+        raise CheckpointError(
+            f"{name} was written with another model: {settings['model']['spec']['name']} has changed "
+            f"(fingerprint {loaded.settings['fingerprint'][:12]}, the run has {settings['model']['fingerprint'][:12]})"
+        )
+    if loaded.heads_settings["fingerprint"] != settings["heads"]["fingerprint"]:
+        raise CheckpointError(f"{name} was written with other draft heads: {settings['heads']['path']} has changed")
+
+
+def resume(
+    *,
+    run: str,
+    tokens: int | None = None,
+    runs_dir: Path | None = None,
+    output: Output = DEFAULT_OUTPUT,
+) -> int:
+    """Continue a run to its target (`tokens` raises it); only the new text goes to stdout."""
+    run_dir = runs.resolve_run(runs.runs_root(runs_dir), run)
+    output.check()
+    with RunLock(run_dir):
+        # Every check (settings, checksums, fingerprints) comes before the first write to the run.
+        settings = runs.read_settings(run_dir)
+        cfg = RunConfig.from_dict(settings["run_config"])
+        manifest = read_manifest(run_dir)
+        cfg = cfg.replace(max_new_tokens=_check_resumable(run_dir, manifest, cfg, tokens))
+        renderer = make_renderer(quiet=output.quiet)
+        spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
+        loaded = _load(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
+        _check_same_model(run_dir, settings, loaded)
+        warning = plan_rope(
+            spec, loaded.target.model.config, settings["prefix"]["tokens"] + cfg.max_new_tokens
+        ).warning()
+        if warning:
+            renderer.note(warning)
+        decode = tokenizer_decoder(loaded.tokenizer)
+        if manifest is None:  # stopped before its first checkpoint: start over from the prefix
+            prompt = loaded.tokenizer((run_dir / runs.PREFIX).read_text(encoding="utf-8"))["input_ids"]
+            state, stream, keep = prefill(loaded.target, prompt, cfg), TextStream(decode, prompt), 0
+        else:
+            target = loaded.target
+            restored = restore(
+                run_dir, manifest, cfg=cfg, num_layers=target.num_layers, device=target.device,
+                dtype=target.model.dtype,
+            )  # fmt: skip
+            state, stream, keep = restored.state, TextStream(decode, state=restored.stream), restored.text_bytes
+        with _failing_run(run_dir), StopSignals() as stop:
+            if cfg.max_new_tokens != settings["run_config"]["max_new_tokens"]:
+                runs.write_settings(run_dir, {**settings, "run_config": cfg.to_dict()})
+            runs.set_status(run_dir, "running")
+            lost = (run_dir / runs.TEXT).stat().st_size - keep if (run_dir / runs.TEXT).exists() else 0
+            renderer.note(
+                f"{run_dir.name}: resuming at {state.stats.generated}/{cfg.max_new_tokens} tokens"
+                + (f" ({lost} bytes written after the last checkpoint are written again)" if lost > 0 else "")
+            )
+            session = _session(
+                run_dir, loaded, state, stream, cfg=cfg, keep_bytes=keep, output=output, renderer=renderer,
+                runs_dir=runs_dir,
+            )  # fmt: skip
+            session.emit(_backlog(state, cfg, loaded.eos_ids))
+            return session.drive(stop)
+
+
+def _backlog(state: GenerationState, cfg: RunConfig, eos_ids: Sequence[int]) -> list[int]:
+    """Committed tokens past the old target (the last step of a finished run commits a few more)."""
+    start = state.prefix_length + state.stats.generated
+    pending = state.tokens[start : state.prefix_length + cfg.max_new_tokens]
+    if cfg.stop_at_eos:
+        for i, token in enumerate(pending):
+            if token in eos_ids:
+                pending, state.eos_seen = pending[: i + 1], True
+                break
+    state.stats.generated += len(pending)
+    return pending

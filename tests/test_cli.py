@@ -1,0 +1,478 @@
+"""The `tokenswift` command: flags -> exact configs (patched runner), bad input -> one line, and the real
+entry point end to end on a tiny model (pipes, interrupt + resume, kill -9 + resume)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from cli_helpers import (
+    PREFIX,
+    build_tiny_folder,
+    cli,
+    command,
+    drain,
+    one_thread,
+    run_dir,
+    save_tiny_heads,
+    start_blocked_writer,
+    subprocess_env,
+    wait_for,
+)
+from typer.testing import CliRunner
+
+from tokenswift_cli import runner
+from tokenswift_cli.checkpoint import RunLock
+from tokenswift_cli.cli import register_extensions
+from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
+from tokenswift_cli.heads import DraftHeads, save_heads
+from tokenswift_cli.options import parse_tokens
+
+SAMPLED = ("--temperature", "1.0", "--min-p", "0.05", "--seed", "11")
+LONG = 450  # tokens: their text (~5.5 KB) overflows the 4 KiB pipe of `start_blocked_writer`
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_folder(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_heads(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_heads(tiny_folder, tmp_path_factory.mktemp("heads") / "tiny.safetensors")
+
+
+@pytest.fixture
+def prefix_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prefix.txt"
+    path.write_text(PREFIX, encoding="utf-8")
+    return path
+
+
+def assert_one_line_error(result: Any, code: int = 2, contains: str = "") -> None:
+    """Exit `code`, and one line `error: ...` (after log lines, if any), no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == code, result.stderr
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0] == lines[-1], result.stderr
+    assert contains in errors[0]
+    assert "Traceback" not in result.output and result.stdout == ""
+
+
+# ---- flags -> configs, with the runner patched ----
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    calls: dict[str, Any] = {}
+
+    def fake(name: str):  # type: ignore[no-untyped-def]
+        def record(**kwargs: Any) -> int:
+            calls[name] = kwargs
+            return 0
+
+        return record
+
+    monkeypatch.setattr(runner, "write", fake("write"))
+    monkeypatch.setattr(runner, "resume", fake("resume"))
+    return calls
+
+
+def test_write_defaults_are_the_library_defaults(captured: dict[str, Any], prefix_file: Path) -> None:
+    result = cli("write", "--prefix", prefix_file, "--tokens", "2k")
+    assert result.exit_code == 0, result.output
+    assert captured["write"] == {
+        "prefix": PREFIX,
+        "config": RunConfig(max_new_tokens=2000),
+        "model": ModelSpec(),
+        "heads": "default",
+        "runs_dir": None,
+        "output": runner.Output(),
+    }
+
+
+def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_path: Path) -> None:
+    result = cli(
+        "write", "-p", prefix_file, "-n", "1.5k", "-m", "some/model", "--heads", "none", "--dtype", "bfloat16",
+        "--device", "cuda:1", "--rope-scaling", "yarn", "--rope-factor", "2", "-t", "0.7", "--top-p", "0.9",
+        "--top-k", "40", "--min-p", "0.05", "--eta", "0.01", "--penalty", "1.2", "--penalty-window", "64",
+        "--seed", "9", "--mode", "plain", "--tree", "1,2,2",
+        "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
+        "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    sampling = SamplingConfig(
+        temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, eta=0.01, penalty=1.2, penalty_window=64, seed=9
+    )
+    draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None)
+    assert captured["write"] == {
+        "prefix": PREFIX,
+        "config": RunConfig(max_new_tokens=1500, mode="plain", stop_at_eos=True, sampling=sampling, draft=draft),
+        "model": ModelSpec(name="some/model", dtype="bfloat16", device="cuda:1", rope_scaling="yarn", rope_factor=2.0),
+        "heads": "none",
+        "runs_dir": tmp_path / "runs",
+        "output": runner.Output(out=tmp_path / "book.txt", checkpoint_every=100, quiet=True),
+    }
+
+
+def test_prefix_from_stdin(captured: dict[str, Any]) -> None:
+    result = cli("write", "--prefix", "-", "--tokens", "10", input="Once upon a time")
+    assert result.exit_code == 0, result.output
+    assert captured["write"]["prefix"] == "Once upon a time"
+
+
+def test_resume_maps_flags(captured: dict[str, Any], tmp_path: Path) -> None:
+    result = cli("resume", "run-007", "--tokens", "8k", "--runs-dir", tmp_path, "-o", tmp_path / "b.txt", "-q")
+    assert result.exit_code == 0, result.output
+    assert captured["resume"] == {
+        "run": "run-007",
+        "tokens": 8000,
+        "runs_dir": tmp_path,
+        "output": runner.Output(out=tmp_path / "b.txt", quiet=True),
+    }
+    cli("resume", "42")
+    assert captured["resume"]["tokens"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("20000", 20000),
+        ("2K", 2000),
+        ("2k", 2000),
+        ("1.5k", 1500),
+        ("100k", 100_000),
+        ("1m", 1_000_000),
+        ("20_000", 20000),
+    ],
+)
+def test_token_counts(text: str, value: int) -> None:
+    assert parse_tokens(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "-5", "1.0001k", "2kk", "1e3", "k", "1.5"])
+def test_bad_token_counts_are_one_line(captured: dict[str, Any], prefix_file: Path, text: str) -> None:
+    assert_one_line_error(cli("write", "-p", prefix_file, "-n", text), contains="token count")
+    assert "write" not in captured
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("-t", "-1"), "temperature"),
+        (("--top-p", "1.5"), "top-p"),
+        (("--min-p", "1"), "min-p"),
+        (("--tree", "1,x"), "tree"),
+        (("--mode", "fast"), "mode"),
+        (("--penalty", "0"), "penalty"),
+        (("--device", "tpu"), "device"),
+        (("--rope-scaling", "linear"), "rope scaling"),
+        (("--temperature", "abc"), "temperature"),  # click's own check, also one line
+    ],
+)
+def test_invalid_settings_are_one_line(
+    captured: dict[str, Any], prefix_file: Path, args: tuple[str, ...], message: str
+) -> None:
+    assert_one_line_error(cli("write", "-p", prefix_file, "-n", "10", *args), contains=message)
+    assert "write" not in captured
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "not found"), (b"", "empty"), (b"  \n", "empty"), (b"text\0more", "binary"), (b"\xff\xfe\xfa", "UTF-8"),
+     ("folder", "folder")],
+)  # fmt: skip
+def test_bad_prefix_is_one_line(captured: dict[str, Any], tmp_path: Path, content: Any, message: str) -> None:
+    path = tmp_path / "prefix.txt"
+    if content == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    assert_one_line_error(cli("write", "-p", path, "-n", "10"), contains=message)
+    assert "write" not in captured
+
+
+def test_missing_option_is_one_line(captured: dict[str, Any]) -> None:
+    assert_one_line_error(cli("write", "--tokens", "10"), contains="--prefix")
+
+
+def test_version_and_examples_in_help() -> None:
+    result = cli("--version")
+    assert result.exit_code == 0 and result.stdout.startswith("tokenswift ")
+    for args in (["--help"], ["write", "--help"], ["resume", "--help"], ["runs", "--help"], ["runs", "show", "--help"]):
+        result = cli(*args)
+        assert result.exit_code == 0 and "Example" in result.stdout, args
+
+
+def test_help_and_runs_do_not_import_torch() -> None:
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom tokenswift_cli.cli import app\n"
+        "assert CliRunner().invoke(app, ['write', '--help']).exit_code == 0\n"
+        "assert CliRunner().invoke(app, ['runs']).exit_code == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env())
+
+
+def test_extensions_register_their_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = importlib.util.spec_from_loader("tokenswift_cli.cli_fake", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+
+    def register(target: typer.Typer) -> None:
+        @target.command("fake")
+        def fake() -> None:
+            typer.echo("fake ran")
+
+    module.register = register  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tokenswift_cli.cli_fake", module)
+    local = typer.Typer()
+
+    @local.command()
+    def other() -> None: ...
+
+    assert register_extensions(local, names=("cli_fake", "cli_missing")) == ["cli_fake"]
+    assert CliRunner().invoke(local, ["fake"]).stdout == "fake ran\n"
+
+
+# ---- bad input through the real runner ----
+
+
+def test_unknown_run() -> None:
+    assert_one_line_error(cli("resume", "run-999"), contains="no run named")
+    assert_one_line_error(cli("runs", "show", "17"), contains="no run named")
+
+
+def test_bad_model_path(prefix_file: Path, tmp_path: Path) -> None:
+    assert_one_line_error(cli("write", "-p", prefix_file, "-n", "5", "-m", tmp_path / "nope"), contains="no such model")
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(cli("write", "-p", prefix_file, "-n", "5", "-m", tmp_path / "empty"), contains="config.json")
+
+
+def test_heads_for_another_model(tiny_folder: Path, prefix_file: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.safetensors"
+    save_heads(DraftHeads(32, 3), other, {})
+    result = cli("write", "-p", prefix_file, "-n", "5", "-m", tiny_folder, "--heads", other)
+    assert_one_line_error(result, contains="hidden size")
+    wrong = tmp_path / "wrong.safetensors"
+    save_heads(DraftHeads(64, 3), wrong, {"base_model_fingerprint": "0" * 64})
+    assert_one_line_error(
+        cli("write", "-p", prefix_file, "-n", "5", "-m", tiny_folder, "--heads", wrong), contains="another model"
+    )
+    missing = cli("write", "-p", prefix_file, "-n", "5", "-m", tiny_folder, "--heads", tmp_path / "missing.safetensors")
+    assert_one_line_error(missing, contains="not found")
+
+
+def test_unwritable_runs_folder_or_out_file(tiny_folder: Path, prefix_file: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = cli("write", "-p", prefix_file, "-n", "5", "-m", tiny_folder, "--runs-dir", blocker / "runs")
+    assert_one_line_error(result, contains="not writable")
+    result = cli("write", "-p", prefix_file, "-n", "5", "-m", tiny_folder, "-o", tmp_path / "no" / "book.txt")
+    assert_one_line_error(result, contains="folder does not exist")
+    assert not run_dir().exists()
+
+
+# ---- end to end on the tiny model ----
+
+
+_REFERENCES: dict[tuple[object, ...], bytes] = {}
+
+
+def reference(folder: Path, prefix: Path, tokens: int, *extra: object) -> bytes:
+    """The text of one uninterrupted run with these settings (computed once per session)."""
+    key = (folder, PREFIX, tokens, *extra)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = write_in_process(folder, prefix, tokens, *extra)[0]
+    return _REFERENCES[key]
+
+
+def write_in_process(folder: Path, prefix: Path, tokens: int, *extra: object) -> tuple[bytes, Path]:
+    """One uninterrupted run; returns its stdout and its run folder."""
+    before = set((run_dir("x").parent).glob("run-*")) if run_dir("x").parent.exists() else set()
+    result = cli("write", "-p", prefix, "-n", tokens, "-m", folder, "-q", *extra)
+    assert result.exit_code == 0, result.output
+    (created,) = set(run_dir("x").parent.glob("run-*")) - before
+    return result.stdout_bytes, created
+
+
+def test_piped_stdout_equals_the_run_text(tiny_folder: Path, prefix_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "copy.txt"
+    done = subprocess.run(
+        command("write", "-p", prefix_file, "-n", 120, "-m", tiny_folder, "-o", out, *SAMPLED),
+        capture_output=True, env=subprocess_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = (run_dir() / "text.txt").read_bytes()
+    assert done.stdout == text == out.read_bytes()
+    assert len(text) > 200 and text.decode("utf-8")  # valid UTF-8
+    assert b"\x1b" not in done.stderr  # not a terminal: plain log lines, no escape codes
+    assert b"run-001 done: 120 tokens" in done.stderr
+    status = json.loads((run_dir() / "status.json").read_text())
+    assert status["state"] == "done"
+
+
+def test_quiet_prints_nothing_on_stderr(tiny_folder: Path, prefix_file: Path) -> None:
+    result = cli("write", "-p", prefix_file, "-n", 30, "-m", tiny_folder, "--quiet")
+    assert result.exit_code == 0 and result.stderr == ""
+    assert result.stdout_bytes == (run_dir() / "text.txt").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("sampled", "sig"), [(False, signal.SIGINT), (True, signal.SIGTERM)], ids=["greedy-sigint", "sampled-sigterm"]
+)
+def test_interrupt_then_resume_equals_uninterrupted(
+    tiny_folder: Path, tiny_heads: Path, prefix_file: Path, sampled: bool, sig: signal.Signals
+) -> None:
+    settings = ("--heads", tiny_heads, *SAMPLED) if sampled else ()
+    args = ("-p", prefix_file, "-n", LONG, "-m", tiny_folder, "--checkpoint-every", 40, *settings)
+    process, read = start_blocked_writer("write", *args)
+    wait_for(run_dir() / "checkpoint" / "kv-000002.safetensors", process)  # generation is under way
+    process.send_signal(sig)
+    first = drain(read)
+    stderr = process.stderr.read().decode() if process.stderr else ""
+    assert process.wait(60) == 128 + sig, stderr
+    assert "resume with: tokenswift resume run-001" in stderr
+    assert json.loads((run_dir() / "status.json").read_text())["state"] == "interrupted"
+    assert first == (run_dir() / "text.txt").read_bytes()  # everything written is in the checkpoint
+    manifest = json.loads((run_dir() / "checkpoint" / "manifest.json").read_text())
+    assert 40 <= manifest["state"]["emitted"] < LONG
+
+    listing = cli("runs")
+    assert "run-001" in listing.stdout and "interrupted" in listing.stdout
+    resumed = cli("resume", "run-001", "-q")
+    assert resumed.exit_code == 0, resumed.output
+    expected = reference(tiny_folder, prefix_file, LONG, *settings)
+    assert first + resumed.stdout_bytes == expected
+    assert (run_dir() / "text.txt").read_bytes() == expected
+
+
+def test_kill_9_then_resume(tiny_folder: Path, tiny_heads: Path, prefix_file: Path) -> None:
+    settings = ("--heads", tiny_heads, *SAMPLED)
+    args = ("-p", prefix_file, "-n", LONG, "-m", tiny_folder, "--checkpoint-every", 30, *settings)
+    process, read = start_blocked_writer("write", *args)
+    wait_for(run_dir() / "checkpoint" / "kv-000003.safetensors", process)
+    process.kill()
+    process.wait(30)
+    drain(read)
+    assert cli("runs", "--json").stdout.count('"interrupted"') == 1  # the lock died with the process
+    kept = json.loads((run_dir() / "checkpoint" / "manifest.json").read_text())["state"]["text_bytes"]
+
+    resumed = cli("resume", "1")
+    assert resumed.exit_code == 0, resumed.output
+    expected = reference(tiny_folder, prefix_file, LONG, *settings)
+    assert (run_dir() / "text.txt").read_bytes() == expected
+    assert resumed.stdout_bytes == expected[kept:]
+    report = json.loads(cli("runs", "show", "run-001", "--json").stdout)
+    assert report["state"] == "done" and report["statistics"]["generated_tokens"] == LONG
+    assert report["settings"]["heads"]["path"] == str(tiny_heads)
+
+
+@pytest.mark.parametrize("sampling", [(), SAMPLED], ids=["greedy", "sampled"])
+def test_raising_the_target_equals_one_longer_run(
+    tiny_folder: Path, prefix_file: Path, sampling: tuple[str, ...]
+) -> None:
+    first, short = write_in_process(tiny_folder, prefix_file, 67, *sampling)
+    refused = cli("resume", short.name)
+    assert_one_line_error(refused, contains="complete")
+    more = cli("resume", short.name, "--tokens", 150, "-q")
+    assert more.exit_code == 0, more.output
+    expected = reference(tiny_folder, prefix_file, 150, *sampling)
+    assert first + more.stdout_bytes == expected == (short / "text.txt").read_bytes()
+    assert json.loads((short / "settings.json").read_text())["run_config"]["max_new_tokens"] == 150
+
+
+def test_resume_refuses_a_locked_run(tiny_folder: Path, prefix_file: Path) -> None:
+    _, folder = write_in_process(tiny_folder, prefix_file, 20)
+    cli("resume", folder.name, "--tokens", 40)  # works while nobody holds the lock
+    with RunLock(folder):
+        assert_one_line_error(cli("resume", folder.name, "--tokens", 60), contains="another process")
+        assert "running" in cli("runs").stdout
+        assert_one_line_error(cli("runs", "rm", folder.name), contains="running")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != "lock"
+    }
+
+
+def test_resume_refuses_another_model_without_touching_the_run(
+    tiny_folder: Path, prefix_file: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_folder, model)
+    _, folder = write_in_process(model, prefix_file, 20)
+    build_tiny_folder(model, seed=1)  # same path, other weights
+    before = snapshot(folder)
+    assert_one_line_error(cli("resume", folder.name, "--tokens", 40), contains="another model")
+    assert snapshot(folder) == before
+
+
+def test_resume_refuses_a_corrupted_checkpoint(tiny_folder: Path, prefix_file: Path) -> None:
+    _, folder = write_in_process(tiny_folder, prefix_file, 60, "--checkpoint-every", 20)
+    segment = sorted((folder / "checkpoint").glob("kv-*.safetensors"))[1]
+    data = bytearray(segment.read_bytes())
+    data[-5] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    before = snapshot(folder)
+    assert_one_line_error(cli("resume", folder.name, "--tokens", 80), contains="corrupted")
+    assert snapshot(folder) == before
+    (folder / "checkpoint" / "manifest.json").write_text("{not json")
+    assert_one_line_error(cli("resume", folder.name, "--tokens", 80), contains="manifest")
+
+
+def test_runs_list_show_and_remove(tiny_folder: Path, prefix_file: Path) -> None:
+    assert "no runs" in cli("runs").stdout
+    _, folder = write_in_process(tiny_folder, prefix_file, 25)
+    listing = cli("runs")
+    assert listing.exit_code == 0
+    assert "run-001" in listing.stdout and "done" in listing.stdout and "25/25" in listing.stdout
+    shown = cli("runs", "show", "run-001")
+    assert "tiny-llama" in shown.stdout
+    assert "25/25 tokens" in shown.stdout
+    report = json.loads(cli("runs", "show", "1", "--json").stdout)
+    expected = RunConfig(max_new_tokens=25, sampling=SamplingConfig(suppress_token_ids=(1,)))  # <eos> suppressed
+    assert report["settings"]["run_config"] == json.loads(json.dumps(expected.to_dict()))
+    assert set(report["statistics"]) >= {
+        "generated_tokens",
+        "seconds",
+        "tokens_per_second",
+        "alpha",
+        "mean_accepted_length",
+    }
+    removed = cli("runs", "rm", "run-001")
+    assert removed.exit_code == 0 and not folder.exists()
+    assert_one_line_error(cli("runs", "rm", "run-001"), contains="no run named")
+
+
+def test_settings_record_the_resolved_model_and_resume_loads_it(tiny_folder: Path, prefix_file: Path) -> None:
+    _, auto = write_in_process(tiny_folder, prefix_file, 10)
+    settings = json.loads((auto / "settings.json").read_text())
+    assert settings["model"]["spec"]["rope_scaling"] == "none"  # "auto": the run fits the trained length
+    assert settings["run_config"]["sampling"]["suppress_token_ids"] == [1]  # <eos>, without --stop-at-eos
+    yarn = ("--rope-scaling", "yarn", "--rope-factor", "2")
+    first, scaled = write_in_process(tiny_folder, prefix_file, 30, *yarn)
+    spec = json.loads((scaled / "settings.json").read_text())["model"]["spec"]
+    assert (spec["rope_scaling"], spec["rope_factor"]) == ("yarn", 2.0)
+    more = cli("resume", scaled.name, "--tokens", 60, "-q")
+    assert more.exit_code == 0, more.output
+    assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 60, *yarn)
+    assert first + more.stdout_bytes != reference(tiny_folder, prefix_file, 60)  # the scaling did change the model
