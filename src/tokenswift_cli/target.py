@@ -1,9 +1,12 @@
 """The target model: the only code that knows how a `transformers` causal LM is driven.
 
-It uses public extension points only: a custom attention function registered under
-`ATTENTION_NAME` (GQA without repeating key/value heads, an explicit tree mask), a custom `Cache`,
-`position_ids`, and a forward pre-hook on the final norm for the pre-norm hidden state that the
-draft heads read. One implementation serves llama, qwen2 and mistral.
+Two paths compute the same forward. The lean path (default where the layout is known: llama,
+qwen2, mistral without sliding windows) calls the model's own modules layer by layer, gpt-fast
+style, with the attention fast path of `attention.py`; it skips the framework's mask building and
+cache bookkeeping, which cost more than the weights at short context on a CPU. The stock path calls
+the `transformers` decoder with public extension points only: a custom attention function registered
+under `ATTENTION_NAME` (packed GQA, an explicit bool mask), a custom `Cache`, `position_ids`, and a
+forward pre-hook on the final norm for the pre-norm hidden state that the draft heads read.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from .cache import _PreallocatedCache
+from .attention import attend
+from .cache import PreallocatedLayer, _PreallocatedCache
 
 ATTENTION_NAME = "tokenswift"
 
@@ -79,16 +84,32 @@ class Forward:
     hidden: torch.Tensor  # [q, hidden]
 
 
-class Target:
-    """Wraps a stock `transformers` causal LM for cached, masked, positioned forwards."""
+LEAN_FAMILIES = ("llama", "qwen2", "mistral")
 
-    def __init__(self, model: PreTrainedModel) -> None:
+
+def supports_lean(model: PreTrainedModel) -> bool:
+    """The lean forward knows this layout: a supported family, full attention in every layer."""
+    config = model.config
+    sliding = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return config.model_type in LEAN_FAMILIES and sliding is None and layer_types == {"full_attention"}
+
+
+class Target:
+    """Wraps a stock `transformers` causal LM for cached, masked, positioned forwards.
+
+    `lean` None picks the lean forward when the model supports it; False forces the stock decoder.
+    """
+
+    def __init__(self, model: PreTrainedModel, *, lean: bool | None = None) -> None:
         model.set_attn_implementation(ATTENTION_NAME)
         self.model = model
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.num_layers: int = model.config.num_hidden_layers
         self.device = self.decoder.embed_tokens.weight.device
+        self.dtype = self.decoder.embed_tokens.weight.dtype
+        self.lean = supports_lean(model) if lean is None else lean
         self._pre_norm: torch.Tensor | None = None
         self.decoder.norm.register_forward_pre_hook(self._keep_pre_norm)
 
@@ -109,11 +130,14 @@ class Target:
 
         Token i sits at position `cache.length + depths[i]` (default: consecutive) and sees every
         committed position plus the new tokens allowed by `block_mask` `[q, q]` (default: causal).
+        The new keys/values are written after the committed ones; `cache.length` does not move.
         """
         q_len, start = tokens.shape[0], cache.length
         if depths is None:
             depths = torch.arange(q_len)
         positions = (depths + start).to(self.device)[None]  # [1, q]
+        if self.lean:
+            return self._lean_forward(tokens.to(self.device), positions, cache, block_mask, capture)
         mask = None
         if q_len > 1:
             if block_mask is None:
@@ -131,6 +155,47 @@ class Target:
         assert self._pre_norm is not None
         pre_norm, self._pre_norm = self._pre_norm[0], None
         return Forward(pre_norm=pre_norm, hidden=out.last_hidden_state[0])
+
+    def _lean_forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: _PreallocatedCache,
+        block_mask: torch.Tensor | None,
+        capture: QueryCapture | None,
+    ) -> Forward:
+        """The decoder's computation through its own modules, without masks or cache bookkeeping."""
+        x = self.decoder.embed_tokens(tokens[None])  # [1, q, hidden]
+        cos, sin = self.decoder.rotary_emb(x, positions)
+        for index, layer in enumerate(self.decoder.layers):
+            x = self._lean_layer(layer, x, (cos, sin), cache.layer_list[index], block_mask=block_mask, capture=capture)
+        return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
+
+    def _lean_layer(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        cache: PreallocatedLayer,
+        *,
+        block_mask: torch.Tensor | None,
+        capture: QueryCapture | None,
+    ) -> torch.Tensor:
+        """One decoder layer (pre-norm attention + MLP), as the family's own `forward` computes it."""
+        attn = layer.self_attn
+        hidden = layer.input_layernorm(x)  # [1, q, hidden]
+        shape = (1, x.shape[1], -1, attn.head_dim)
+        query = attn.q_proj(hidden).view(shape).transpose(1, 2)  # [1, heads, q, d]
+        key = attn.k_proj(hidden).view(shape).transpose(1, 2)  # [1, kv_heads, q, d]
+        value = attn.v_proj(hidden).view(shape).transpose(1, 2)
+        query, key = apply_rotary_pos_emb(query, key, *rotary)
+        if capture is not None:
+            capture.queries[attn.layer_idx] = query[0, :, capture.row]  # [heads, d]
+        committed = cache.length
+        keys, values = cache.update(key, value)  # [1, kv_heads, committed + q, d]
+        out = attend(query, keys, values, committed=committed, block_mask=block_mask, scaling=attn.scaling)
+        x = x + attn.o_proj(out)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,165 @@
+"""What `tokenswift bench` runs on: the model, heads, prefix text and cases of a request."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .bench import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
+from .config import DraftConfig, ModelSpec
+from .heads import DraftHeads, load_heads
+from .target import Target
+
+DEFAULT_PREFIX = Path(__file__).resolve().parents[3] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
+QUICK_VOCAB = 128
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """The options of `tokenswift bench`, parsed."""
+
+    model: str = "default"
+    dtype: str = "bfloat16"
+    heads: str = "default"
+    lengths: tuple[int, ...] = (512, 2048)
+    length_context: int = 256
+    contexts: tuple[int, ...] = (2048, 8192)
+    context_tokens: int = 256
+    prefix_file: Path | None = None
+    methods: tuple[str, ...] = ("plain", "tokenswift", "generate", "prompt_lookup")
+    sampling: str = "paper"
+    seed: int = 0
+    draft: str = "auto"
+    tree: str | None = None
+    ngram_top_k: int | None = None
+    repeats: int = 1
+    threads: int | None = None
+    quick: bool = False
+
+    def cases(self) -> tuple[Case, ...]:
+        by_length = [Case(self.length_context, n, "length") for n in self.lengths]
+        by_context = [Case(c, self.context_tokens, "context") for c in self.contexts]
+        return tuple(by_length + by_context)
+
+    def settings(self) -> BenchSettings:
+        if self.sampling not in ("paper", "greedy"):
+            raise ValueError(f"unknown sampling {self.sampling!r}: use paper or greedy")
+        sampling = dataclasses.replace(PAPER_SAMPLING if self.sampling == "paper" else GREEDY, seed=self.seed)
+        draft = DraftConfig()
+        changes: dict[str, Any] = {}
+        if self.tree:
+            changes["tree"] = tuple(int(w) for w in self.tree.split(","))
+        if self.ngram_top_k is not None:
+            changes["ngram_top_k"] = self.ngram_top_k or None
+        if self.draft not in ("auto", "pass", "verify"):
+            raise ValueError(f"unknown draft {self.draft!r}: use auto, pass or verify")
+        changes["auto"] = self.draft == "auto"
+        changes["source"] = "pass" if self.draft == "auto" else self.draft
+        if self.quick:
+            changes.update(partial_budget=64, sink_tokens=4, recent_window=16)
+        return BenchSettings(self.cases(), self.methods, sampling, dataclasses.replace(draft, **changes), self.repeats)
+
+
+def quick_model(seed: int = 0) -> Any:
+    """A tiny random llama (two layers, GQA) whose output is not flat: for tests and `--quick`."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=QUICK_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=8192,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0.0, 0.35)
+    return model.eval()
+
+
+def _heads(choice: str, model_name: str, model: Any, fingerprint: str | None) -> DraftHeads | None:
+    if choice == "none":
+        return None
+    if choice == "default":
+        from . import heads as heads_module
+
+        shipped = getattr(heads_module, "shipped_heads", lambda name: None)(model_name)
+        return load_heads(shipped, model.config, fingerprint=fingerprint) if shipped else None
+    return load_heads(Path(choice), model.config, fingerprint=fingerprint)
+
+
+def prefix_tokens(request: BenchRequest, tokenizer: Any, needed: int) -> list[int]:
+    """The first `needed` tokens of the prefix text (random tokens for --quick)."""
+    if request.quick:
+        generator = torch.Generator().manual_seed(request.seed + 1)
+        return torch.randint(2, QUICK_VOCAB, (needed,), generator=generator).tolist()
+    path = request.prefix_file or DEFAULT_PREFIX
+    if not path.is_file():
+        raise ValueError(f"prefix file not found: {path} (use --prefix-file)")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    tokens: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(tokens) < needed:
+        raise ValueError(f"{path} has {len(tokens)} tokens; the longest case needs {needed}")
+    return tokens[:needed]
+
+
+def open_model(request: BenchRequest) -> tuple[Target, DraftHeads | None, Any]:
+    """Target, heads and tokenizer for a request; --quick builds a tiny random model."""
+    if request.quick:
+        model = quick_model(request.seed)
+        if request.dtype == "bfloat16":
+            model = model.to(torch.bfloat16)
+        heads = None if request.heads == "none" else _random_heads(model)
+        return Target(model), heads, None
+    from .loading import load_model
+
+    loaded = load_model(ModelSpec(name=request.model, dtype=request.dtype))  # type: ignore[arg-type]
+    heads = _heads(request.heads, request.model, loaded.model, loaded.fingerprint)
+    if heads is not None:
+        heads = heads.to(dtype=loaded.model.dtype)
+    return Target(loaded.model), heads, loaded.tokenizer
+
+
+def _random_heads(model: Any) -> DraftHeads:
+    torch.manual_seed(0)
+    heads = DraftHeads.for_model(model.config, 3)
+    for block in heads.medusa_layers:
+        torch.nn.init.normal_(block.linear.weight, std=0.1)  # type: ignore[union-attr]
+    return heads.to(dtype=model.dtype).eval().requires_grad_(False)
+
+
+def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[Result], list[Path]]:
+    """Run every case, print a Rich table to stderr, write the result files; returns both."""
+    from rich.console import Console
+
+    from .bench_report import render_table, write_results
+
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
+    settings = request.settings()
+    if request.threads:
+        torch.set_num_threads(request.threads)
+    target, heads, tokenizer = open_model(request)
+    needed = max(c.context for c in settings.cases)
+    text = prefix_tokens(request, tokenizer, needed)
+    bench = Bench(target, heads, settings)
+
+    def progress(result: Result) -> None:
+        console.print(f"[dim]{result.case.axis} ctx={result.case.context} new={result.case.new_tokens} "
+                      f"{result.method}: {result.tokens_per_second:.2f} tok/s[/]")  # fmt: skip
+
+    results = bench.run(text, on_result=progress)
+    model = "tiny random model" if request.quick else request.model
+    console.print(render_table(results, title=f"tokenswift bench ({model}, {request.dtype}, {request.sampling})"))
+    document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None,
+                "command": " ".join(sys.argv)}  # fmt: skip
+    paths = write_results(out_dir, name, results, document)
+    console.print("wrote " + ", ".join(str(p) for p in paths))
+    return results, paths
+
+
+def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}
