@@ -55,18 +55,22 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {"run": cfg.to_dict(), "model": loaded.spec.__dict__, "prompt": a.prompt, "prompt_tokens": len(prompt)}
-    out.with_suffix(".json").write_text(json.dumps(settings, indent=1) + "\n")
+    _file(out, ".json").write_text(json.dumps(settings, indent=1) + "\n")
     target = Target(loaded.model)
     start, generated = time.time(), []
     state = prefill(target, prompt, cfg)
-    with out.with_suffix(".tokens").open("w") as f:
+    with _file(out, ".tokens").open("w") as f:
         for event in generate(target, None, state, cfg, eos_ids=eos):
             generated += event.tokens
             f.write("".join(f"{t}\n" for t in event.tokens))
             f.flush()
     settings["seconds"] = round(time.time() - start, 1)
-    out.with_suffix(".json").write_text(json.dumps(settings, indent=1) + "\n")
-    out.with_suffix(".txt").write_text(loaded.tokenizer.decode(generated), encoding="utf-8")
+    _file(out, ".json").write_text(json.dumps(settings, indent=1) + "\n")
+    _file(out, ".txt").write_text(loaded.tokenizer.decode(generated), encoding="utf-8")
+
+
+def _file(out: Path, suffix: str) -> Path:
+    return out.parent / (out.name + suffix)  # not with_suffix: "p1.1" is a name, not a suffix
 
 
 if __name__ == "__main__":

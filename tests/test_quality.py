@@ -152,3 +152,37 @@ def test_eval_command_on_a_file_and_on_a_run(tmp_path: Path) -> None:
     assert (data["rope"], data["rope_factor"]) == ("yarn", 2.5)  # 156 positions > 64 trained
     missing = runner.invoke(app, ["eval", "run-009", "-m", model, "--runs-dir", str(tmp_path / "runs")])
     assert missing.exit_code == 2 and "no run named" in missing.output
+
+
+def test_defaults_for_the_embedded_model_and_eos_suppression() -> None:
+    from tokenswift_cli.config import SamplingConfig
+    from tokenswift_cli.defaults import EMBEDDED, PAPER, default_sampling, suppressed_ids
+
+    assert default_sampling() == EMBEDDED and default_sampling("some/model") == PAPER
+    assert (EMBEDDED.penalty, EMBEDDED.penalty_window, EMBEDDED.min_p) == (1.1, 256, 0.1)
+    sampling = SamplingConfig(temperature=1.0, suppress_token_ids=(7,))
+    assert suppressed_ids(sampling, [2, 0, 2], stop_at_eos=False).suppress_token_ids == (0, 2, 7)
+    assert suppressed_ids(sampling, [2, 0], stop_at_eos=True) == sampling
+
+
+def test_suppressed_tokens_are_never_drawn_in_either_mode() -> None:
+    import dataclasses
+
+    from helpers import first_divergence, random_heads, random_prompt, tiny_target
+
+    from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
+    from tokenswift_cli.decode import generate_tokens
+
+    target = tiny_target("llama-gqa", seed=3)
+    prompt = random_prompt(30, seed=1)
+    base = SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.1, penalty_window=32, seed=4)
+    free, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=60, mode="plain", sampling=base))
+    banned = tuple(sorted(set(free))[:5])  # tokens this run draws when nothing is suppressed
+    sampling = dataclasses.replace(base, suppress_token_ids=banned)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=60, mode="plain", sampling=sampling))
+    draft = DraftConfig(partial_budget=48, sink_tokens=4, recent_window=16)
+    fast, _ = generate_tokens(
+        target, random_heads(target), prompt, RunConfig(max_new_tokens=60, sampling=sampling, draft=draft)
+    )
+    assert not set(banned) & set(plain)
+    assert first_divergence(fast, plain) is None
