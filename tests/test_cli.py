@@ -3,6 +3,7 @@ entry point end to end on a tiny model (pipes, interrupt + resume, kill -9 + res
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -30,7 +31,7 @@ from cli_helpers import (
 )
 from typer.testing import CliRunner
 
-from tokenswift_cli import runner
+from tokenswift_cli import defaults, runner
 from tokenswift_cli.checkpoint import RunLock
 from tokenswift_cli.cli import register_extensions
 from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
@@ -93,12 +94,20 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return calls
 
 
+def test_unset_sampling_flags_take_the_models_measured_defaults(captured: dict[str, Any], prefix_file: Path) -> None:
+    result = cli("write", "--prefix", prefix_file, "--tokens", "10", "--penalty", "1.3", "--model", "some/model")
+    assert result.exit_code == 0, result.output
+    assert captured["write"]["config"].sampling == dataclasses.replace(defaults.PAPER, penalty=1.3)
+    cli("write", "--prefix", prefix_file, "--tokens", "10", "-t", "0", "--min-p", "0")
+    assert captured["write"]["config"].sampling == dataclasses.replace(defaults.EMBEDDED, temperature=0.0, min_p=0.0)
+
+
 def test_write_defaults_are_the_library_defaults(captured: dict[str, Any], prefix_file: Path) -> None:
     result = cli("write", "--prefix", prefix_file, "--tokens", "2k")
     assert result.exit_code == 0, result.output
     assert captured["write"] == {
         "prefix": PREFIX,
-        "config": RunConfig(max_new_tokens=2000),
+        "config": RunConfig(max_new_tokens=2000, sampling=defaults.EMBEDDED),
         "model": ModelSpec(),
         "heads": "default",
         "runs_dir": None,
@@ -449,7 +458,8 @@ def test_runs_list_show_and_remove(tiny_folder: Path, prefix_file: Path) -> None
     assert "tiny-llama" in shown.stdout
     assert "25/25 tokens" in shown.stdout
     report = json.loads(cli("runs", "show", "1", "--json").stdout)
-    expected = RunConfig(max_new_tokens=25, sampling=SamplingConfig(suppress_token_ids=(1,)))  # <eos> suppressed
+    # A local model gets the paper's sampling; <eos> is suppressed.
+    expected = RunConfig(max_new_tokens=25, sampling=dataclasses.replace(defaults.PAPER, suppress_token_ids=(1,)))
     assert report["settings"]["run_config"] == json.loads(json.dumps(expected.to_dict()))
     assert set(report["statistics"]) >= {
         "generated_tokens",
@@ -468,11 +478,12 @@ def test_settings_record_the_resolved_model_and_resume_loads_it(tiny_folder: Pat
     settings = json.loads((auto / "settings.json").read_text())
     assert settings["model"]["spec"]["rope_scaling"] == "none"  # "auto": the run fits the trained length
     assert settings["run_config"]["sampling"]["suppress_token_ids"] == [1]  # <eos>, without --stop-at-eos
-    yarn = ("--rope-scaling", "yarn", "--rope-factor", "2")
+    yarn = ("--rope-scaling", "yarn", "--rope-factor", "2", "-t", "0")
     first, scaled = write_in_process(tiny_folder, prefix_file, 30, *yarn)
     spec = json.loads((scaled / "settings.json").read_text())["model"]["spec"]
     assert (spec["rope_scaling"], spec["rope_factor"]) == ("yarn", 2.0)
     more = cli("resume", scaled.name, "--tokens", 60, "-q")
     assert more.exit_code == 0, more.output
     assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 60, *yarn)
-    assert first + more.stdout_bytes != reference(tiny_folder, prefix_file, 60)  # the scaling did change the model
+    greedy = reference(tiny_folder, prefix_file, 60, "-t", "0")
+    assert first + more.stdout_bytes != greedy  # the scaling did change the model

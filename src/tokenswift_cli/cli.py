@@ -8,6 +8,7 @@ failure during generation), never a traceback. Torch is imported only when a com
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -21,6 +22,7 @@ from typer.core import TyperGroup
 
 from . import __version__
 from .config import ConfigError, DraftConfig, DType, Mode, ModelSpec, RopeScaling, RunConfig, SamplingConfig
+from .defaults import default_sampling
 from .options import (
     DEFAULT_CHECKPOINT_EVERY,
     DEFAULT_NGRAM_TOP_K,
@@ -157,6 +159,12 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def sampling_for(model: str, **given: float | int | None) -> SamplingConfig:
+    """The measured defaults for `model` (defaults.py), overridden by every flag the user set."""
+    chosen = {name: value for name, value in given.items() if value is not None}
+    return dataclasses.replace(default_sampling(model), **chosen)
+
+
 @app.callback()
 def _root(
     version: Annotated[
@@ -176,13 +184,13 @@ def write(
     device: DeviceOpt = "cpu",
     rope_scaling: RopeScalingOpt = "auto",
     rope_factor: RopeFactorOpt = None,
-    temperature: TemperatureOpt = SAMPLING_DEFAULTS.temperature,
+    temperature: TemperatureOpt = None,
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
     min_p: MinPOpt = None,
     eta: EtaOpt = None,
     penalty: PenaltyOpt = None,
-    penalty_window: PenaltyWindowOpt = SAMPLING_DEFAULTS.penalty_window,
+    penalty_window: PenaltyWindowOpt = None,
     seed: SeedOpt = SAMPLING_DEFAULTS.seed,
     mode: ModeOpt = "tokenswift",
     tree: TreeOpt = DEFAULT_TREE,
@@ -200,8 +208,8 @@ def write(
     continues it with exactly the text an uninterrupted run would have written.
     """
     with errors():
-        sampling = SamplingConfig(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
+        sampling = sampling_for(
+            model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
             penalty_window=penalty_window, seed=seed,
         )  # fmt: skip
         draft = DraftConfig(

@@ -101,19 +101,25 @@ DeviceOpt = Annotated[
 ]
 
 # Sampling
-TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy.", rich_help_panel=_SAMPLE)]
+TemperatureOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--temperature", "-t", help="0 = greedy. Unset sampling flags take the model's measured defaults.",
+        rich_help_panel=_SAMPLE,
+    ),
+]
 TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling mass.", rich_help_panel=_SAMPLE)]
 TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Keep the k likeliest tokens.", rich_help_panel=_SAMPLE)]
-MinPOpt = Annotated[float | None, typer.Option("--min-p", help="Min-p filter.", rich_help_panel=_SAMPLE)]
+MinPOpt = Annotated[float | None, typer.Option("--min-p", help="Min-p filter; 0 = off.", rich_help_panel=_SAMPLE)]
 EtaOpt = Annotated[float | None, typer.Option("--eta", help="Eta sampling epsilon.", rich_help_panel=_SAMPLE)]
 PenaltyOpt = Annotated[
     float | None,
     typer.Option(
-        "--penalty", help="Repetition penalty over the last --penalty-window tokens.", rich_help_panel=_SAMPLE
+        "--penalty", help="Repetition penalty over the last --penalty-window tokens; 1 = off.", rich_help_panel=_SAMPLE
     ),
 ]
 PenaltyWindowOpt = Annotated[
-    int, typer.Option("--penalty-window", help="Tokens the penalty looks back over.", rich_help_panel=_SAMPLE)
+    int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back over.", rich_help_panel=_SAMPLE)
 ]
 SeedOpt = Annotated[
     int, typer.Option("--seed", help="Seed of the position-keyed random stream.", rich_help_panel=_SAMPLE)
