@@ -10,6 +10,7 @@ from helpers import random_prompt
 from tokenswift_cli.heads import DraftHeads
 from tokenswift_cli.train import TrainConfig, evaluate, head_loss, lm_head_weight, split_by_position, train_heads
 from tokenswift_cli.train_data import DistillConfig, Rows, rows_from_sequence, self_distill, teacher_forced
+from tokenswift_cli.train_run import texts_of
 
 
 def test_rows_pair_each_hidden_state_with_the_tokens_two_and_more_ahead() -> None:
@@ -120,3 +121,10 @@ def test_accuracy_split_by_position() -> None:
     assert parts["all"].size == rows.size
     assert bool((parts["<20"].positions < 20).all()) and bool((parts[">=60"].positions >= 60).all())
     assert 0 < parts["<20"].size < rows.size and VOCAB > 0
+
+
+def test_texts_are_recovered_from_rows_for_the_long_windows() -> None:
+    model = tiny_model("llama-gqa")
+    texts = [random_prompt(30, seed=5), random_prompt(20, seed=6)]
+    rows = Rows.concat([teacher_forced(model, t, heads=3) for t in texts])
+    assert texts_of(rows) == [t[2:] for t in texts]

@@ -50,17 +50,17 @@ def train_heads_command(
     data: Annotated[
         list[Path] | None,
         typer.Option(
-            "--data", help="Train on this text file (repeatable) instead of self-written text.", show_default=False
+            "--data", help="Also train on this text file (repeatable); --samples 0 for files only.", show_default=False
         ),  # fmt: skip
     ] = None,
-    samples: Annotated[int, typer.Option(help="Self-written texts (short).", min=0)] = 48,
-    sample_tokens: Annotated[int, typer.Option(help="Tokens per short text.", min=8)] = 512,
-    long_samples: Annotated[int, typer.Option(help="Self-written texts (long).", min=0)] = 4,
-    long_tokens: Annotated[int, typer.Option(help="Tokens per long text.", min=8)] = 2048,
+    samples: Annotated[int, typer.Option(help="Texts the model writes itself.", min=0)] = 32,
+    sample_tokens: Annotated[int, typer.Option(help="Tokens per self-written text.", min=8)] = 512,
+    long_windows: Annotated[int, typer.Option(help="Long windows: the texts joined and read back.", min=0)] = 2,
+    long_tokens: Annotated[int, typer.Option(help="Tokens per long window.", min=8)] = 4096,
     target: Annotated[str, typer.Option(help="soft (the model's distribution) or hard (the token).")] = "soft",
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 3000,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 1500,
     batch_size: Annotated[int, typer.Option(min=1, help="Rows per step.")] = 256,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
     minutes: Annotated[float | None, typer.Option(help="Stop training after this many minutes.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of prompts, sampling and batches.")] = 0,
     eval_text: TextFiles = None,
@@ -86,8 +86,8 @@ def train_heads_command(
                       max_seconds=minutes * 60 if minutes else None)  # fmt: skip
     files = tuple(str(f) for f in data or ())
     data_cfg = DataConfig(
-        samples=0 if files else samples, sample_tokens=sample_tokens, long_samples=0 if files else long_samples,
-        long_tokens=long_tokens, files=files, seed=seed,
+        samples=samples, sample_tokens=sample_tokens, long_windows=long_windows, long_tokens=long_tokens,
+        files=files, seed=seed,
     )  # fmt: skip
     out = out or default_out(model)
     loaded = load_model(ModelSpec(name=model), attn_implementation="sdpa")
@@ -105,6 +105,8 @@ def train_heads_command(
         def show(report: Any) -> None:
             heads_acc = " ".join(f"{a:.2f}" for a in report.top1)
             bar.update(task, completed=report.step, description=f"loss {report.loss:.3f} top-1 {heads_acc}")
+            if bar.disable and report.step % 50 == 0:  # no live bar (not a terminal): a log line now and then
+                _say(f"step {report.step}/{cfg.steps} loss {report.loss:.3f} top-1 {heads_acc} {report.seconds:.0f}s")
 
         base = {"base_model_name": loaded.name, "training": json.dumps(cfg.to_dict())}
         started = time.monotonic()

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from safetensors import safe_open
@@ -45,6 +45,10 @@ class DraftHeads(nn.Module):
         self.medusa_layers = nn.ModuleList(HeadBlock(hidden_size, eps) for _ in range(num_heads))
 
     @property
+    def blocks(self) -> list[HeadBlock]:
+        return [cast(HeadBlock, block) for block in self.medusa_layers]
+
+    @property
     def num_heads(self) -> int:
         return len(self.medusa_layers)
 
@@ -67,10 +71,10 @@ class DraftHeads(nn.Module):
         hidden = int(config.hidden_size)  # type: ignore[attr-defined]
         eps = float(getattr(config, "rms_norm_eps", 1e-5))
         heads = cls(hidden, num_heads, eps)
-        for block in heads.medusa_layers:
-            nn.init.zeros_(block.linear.weight)  # type: ignore[union-attr]
+        for block in heads.blocks:
+            nn.init.zeros_(block.linear.weight)
             if norm_weight is not None:
-                block.post_layernorm.weight.data.copy_(norm_weight.detach().float())  # type: ignore[union-attr]
+                block.post_layernorm.weight.data.copy_(norm_weight.detach().float())
         return heads
 
 

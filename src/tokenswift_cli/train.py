@@ -28,9 +28,9 @@ class TrainConfig:
     """Optimisation settings. `target` soft: the model's own top-k distribution; hard: the token there."""
 
     target: Target = "soft"
-    steps: int = 3000
+    steps: int = 1500
     batch_size: int = 256
-    lr: float = 1e-3
+    lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.0
     seed: int = 0

@@ -81,7 +81,7 @@ def rows_from_sequence(
     `top[.][r]` `[T, k]` is the model's distribution for `tokens[r+1]`. `offset` is the position of `tokens[0]`."""
     count = hidden.shape[0] - heads  # the last rows lack a target for the deepest head
     if count <= 0:
-        return _empty(hidden.shape[1], heads)
+        return empty_rows(hidden.shape[1], heads)
     rows = torch.arange(count)
     shifts = torch.arange(heads)
     targets = tokens[rows[:, None] + 2 + shifts]  # [N, K]
@@ -95,7 +95,7 @@ def rows_from_sequence(
     )
 
 
-def _empty(hidden: int, heads: int) -> Rows:
+def empty_rows(hidden: int, heads: int) -> Rows:
     return Rows(
         torch.empty(0, hidden, dtype=torch.bfloat16),
         torch.empty(0, heads, dtype=torch.long),
@@ -174,7 +174,7 @@ def self_distill(
     """
     processors = LogitsProcessorList([WindowPenalty(cfg.penalty, cfg.penalty_window), MinPLogitsWarper(cfg.min_p)])
     if suppress:
-        processors.insert(0, SuppressTokensLogitsProcessor(list(suppress), device=model.device))
+        processors.insert(0, SuppressTokensLogitsProcessor(list(suppress), device=str(model.device)))
     parts = []
     for index, start in enumerate(range(0, len(prompts), cfg.batch_size)):
         batch = list(prompts[start : start + cfg.batch_size])
@@ -188,7 +188,7 @@ def self_distill(
                 parts[-1].save(path)
         if on_batch is not None:
             on_batch(len(batch))
-    return Rows.concat(parts)
+    return Rows.concat(parts) if parts else empty_rows(int(model.config.hidden_size), heads)
 
 
 def _batch_key(cfg: DistillConfig, batch: list[list[int]], index: int) -> str:
@@ -205,7 +205,7 @@ def _distill_batch(
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padded [B, P]
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with capture_last(model) as records:
-        out = model.generate(
+        out = model.generate(  # type: ignore[operator]
             input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             do_sample=True, temperature=1.0, top_k=None, top_p=None, logits_processor=processors, pad_token_id=pad,
         )  # fmt: skip
