@@ -26,6 +26,7 @@ SETTINGS = {
     "penalty 1.1 / 64": SamplingConfig(temperature=1.0, penalty=1.1, penalty_window=64),
     "penalty 1.1 / 256": SamplingConfig(temperature=1.0, penalty=1.1, penalty_window=256),
     "penalty 1.1 / 1024": SamplingConfig(temperature=1.0, penalty=1.1, penalty_window=1024),
+    "penalty 1.15 / 512": SamplingConfig(temperature=1.0, penalty=1.15, penalty_window=512),
     "penalty 1.2 / 64": SamplingConfig(temperature=1.0, penalty=1.2, penalty_window=64),
     "penalty 1.2 / 256": SamplingConfig(temperature=1.0, penalty=1.2, penalty_window=256),
     "penalty 1.2 / 1024 (paper)": SamplingConfig(temperature=1.0, penalty=1.2, penalty_window=1024),
