@@ -147,15 +147,19 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
     text = prefix_tokens(request, tokenizer, needed)
     bench = Bench(target, heads, settings)
 
+    document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None,
+                "command": " ".join(["tokenswift", *sys.argv[1:]])}  # fmt: skip
+    done: list[Result] = []
+
     def progress(result: Result) -> None:
         console.print(f"[dim]{result.case.axis} ctx={result.case.context} new={result.case.new_tokens} "
                       f"{result.method}: {result.tokens_per_second:.2f} tok/s[/]")  # fmt: skip
+        done.append(result)
+        write_results(out_dir, name, done, document, plot=False)  # a long run keeps what it measured
 
     results = bench.run(text, on_result=progress)
     model = "tiny random model" if request.quick else request.model
     console.print(render_table(results, title=f"tokenswift bench ({model}, {request.dtype}, {request.sampling})"))
-    document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None,
-                "command": " ".join(sys.argv)}  # fmt: skip
     paths = write_results(out_dir, name, results, document)
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return results, paths

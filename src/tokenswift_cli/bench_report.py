@@ -68,7 +68,9 @@ def machine() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def write_results(out_dir: Path, name: str, results: Sequence[Result], settings: dict[str, Any]) -> list[Path]:
+def write_results(
+    out_dir: Path, name: str, results: Sequence[Result], settings: dict[str, Any], *, plot: bool = True
+) -> list[Path]:
     """`name`.json (settings, machine, results), `name`.csv and, when matplotlib is installed, `name`.png."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = out_dir / f"{name}.json", out_dir / f"{name}.csv"
@@ -79,7 +81,7 @@ def write_results(out_dir: Path, name: str, results: Sequence[Result], settings:
         writer.writeheader()
         writer.writerows(csv_row(r) for r in results)
     written = [json_path, csv_path]
-    png = write_plot(out_dir / f"{name}.png", results)
+    png = write_plot(out_dir / f"{name}.png", results) if plot else None
     return written + ([png] if png else [])
 
 
@@ -109,6 +111,10 @@ def write_plot(path: Path, results: Sequence[Result]) -> Path | None:
         grid[0][col].set(xscale="log", xlabel=label, ylabel="speedup over plain", title=f"speedup vs {axis}")
         grid[0][col].axhline(1.0, color="grey", linewidth=0.8)
         grid[1][col].set(xscale="log", xlabel=label, ylabel="alpha (TokenSwift)", ylim=(0, 1))
+        ticks = sorted({x_of(r) for r in rows})
+        for ax in (grid[0][col], grid[1][col]):
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
         grid[0][col].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 SCHEMA_VERSION = 1
 
 Mode = Literal["tokenswift", "plain"]
+DraftSource = Literal["pass", "verify"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
 
@@ -67,6 +68,10 @@ class DraftConfig:
     `tree` gives the width of each level: level 1 is the top-w of the base logits at the root, level
     i+1 the top-w of head i; all combinations are candidates. Levels beyond the number of heads are
     dropped. `partial_budget` None drafts on the full cache.
+    `source` "pass" drafts with a forward of the root on the partial cache (the paper), "verify" from
+    the verification pass's hidden state (Medusa-style, no extra forward; see draft.py). `auto` lets
+    autotune.py pick per iteration, from measured tokens/s, among plain steps and smaller and larger
+    drafts of both sources; every choice writes the same text.
     """
 
     tree: tuple[int, ...] = (1, 3, 3, 3)
@@ -75,9 +80,12 @@ class DraftConfig:
     partial_budget: int | None = 4096
     sink_tokens: int = 16
     recent_window: int = 256
+    source: DraftSource = "pass"
+    auto: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tree", tuple(int(w) for w in self.tree))
+        _check(self.source in ("pass", "verify"), f"unknown draft source {self.source!r}: use pass or verify")
         _check(len(self.tree) >= 1 and all(w >= 1 for w in self.tree), "tree widths must be >= 1, e.g. 1,3,3,3")
         _check(self.ngram_top_k is None or self.ngram_top_k >= 1, "n-gram top-k must be >= 1")
         _check(self.ngram_size >= 2, "n-gram size must be >= 2")

@@ -6,16 +6,21 @@ the caches and the stopping rule, so that comparisons between them are fair.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import torch
+
+from .autotune import Plan, Tuner
 from .config import RunConfig
-from .draft import candidates, draft
+from .draft import candidates, propose
 from .heads import DraftHeads
 from .metrics import Stats
 from .state import GenerationState, prefill
 from .target import Target
-from .verify import accept, verify
+from .tree import Tree
+from .verify import Acceptance, accept, verify
 
 
 @dataclass(frozen=True)
@@ -37,31 +42,34 @@ def generate(
     eos_ids: Sequence[int] = (),
 ) -> Iterator[StepEvent]:
     """Extend `state` until `cfg.max_new_tokens` (or an end-of-sequence token); one event per iteration."""
-    stats, device, accelerated = state.stats, target.device, cfg.mode == "tokenswift"
-    depth_cap = max(len(cfg.draft.tree), cfg.draft.ngram_size if cfg.draft.ngram_top_k else 0)
+    stats, device = state.stats, target.device
+    tuner = Tuner.for_run(cfg, num_heads=heads.num_heads if heads is not None else 0)
+    leaf: torch.Tensor | None = None  # pre-norm state of the node that drew the root
     while not state.finished(cfg):
-        with stats.phase("draft", device):  # 1. draft pass on the partial cache
-            drafts = None
-            if accelerated:
-                cache = state.draft_cache()
-                drafts = draft(
-                    target, heads, state.root, cache, history=state.tokens, cfg=cfg.draft, sampling=cfg.sampling
-                )
+        plan, started = tuner.next(), time.perf_counter()
+        with stats.phase("draft", device):  # 1. draft pass on the partial cache, or from the last verification
+            drafts = propose(target, heads, state, plan, leaf=leaf, sampling=cfg.sampling)
         with stats.phase("candidates"):  # 2. template + n-gram candidates merged into one trie
-            tree = candidates(state.root, drafts, state.ngrams, cfg.draft)
+            tree = candidates(state.root, drafts, state.ngrams, plan.draft)
         with stats.phase("verify", device):  # 3. one forward over the trie against the full cache
             verified = verify(target, tree, state.full)
         with stats.phase("accept"):  # 4. walk the trie with position-keyed target draws
             accepted = accept(tree, verified.logits, state.tokens, cfg.sampling)
+            leaf = verified.pre_norm[accepted.nodes[-1] if accepted.nodes else 0]
         with stats.phase("commit", device):  # 5-6. compact caches, refresh partial cache, count n-grams
             emitted = state.commit(accepted, verified.queries, cfg, eos_ids)
-        stats.iterations += 1
-        stats.generated += len(emitted)
-        stats.accepted += len(accepted.tokens)
-        stats.accepted_ngram += accepted.from_ngram
-        stats.draft_slots += depth_cap if accelerated else 0
-        stats.tree_nodes += tree.size
+        tuner.record(plan, len(accepted.tokens) + 1, time.perf_counter() - started)
+        _count(stats, plan, tree, accepted, emitted)
         yield StepEvent(tokens=tuple(emitted), accepted=len(accepted.tokens), tree_size=tree.size, stats=stats)
+
+
+def _count(stats: Stats, plan: Plan, tree: Tree, accepted: Acceptance, emitted: Sequence[int]) -> None:
+    stats.iterations += 1
+    stats.generated += len(emitted)
+    stats.accepted += len(accepted.tokens)
+    stats.accepted_ngram += accepted.from_ngram
+    stats.draft_slots += plan.depth_cap
+    stats.tree_nodes += tree.size
 
 
 def generate_tokens(

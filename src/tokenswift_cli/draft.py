@@ -3,6 +3,11 @@
 The draft pass runs the model on the pending root alone; its base logits give level 1 of the tree
 template and the heads, fed with the pre-norm hidden state, the following levels. N-gram
 candidates extend each level-1 token with the continuations the text so far repeats most.
+
+The Medusa-style variant (`DraftConfig.source == "verify"`) skips the draft pass: the heads read
+the pre-norm state that the verification pass already computed for the last accepted node (whose
+own logits drew the root), so head i proposes depth i below the root; n-grams continue the root.
+On a CPU the draft pass costs about as much as a plain step, which this variant saves.
 """
 
 from __future__ import annotations
@@ -12,20 +17,59 @@ from dataclasses import dataclass
 
 import torch
 
+from .autotune import Plan
 from .cache import _PreallocatedCache
 from .config import DraftConfig, SamplingConfig
 from .heads import DraftHeads
 from .ngram import NGramTable
 from .sampling import target_scores
+from .state import GenerationState
 from .target import Target
 from .tree import Tree, build_tree
 
 
 @dataclass(frozen=True)
 class Drafts:
-    """Top candidate tokens per depth below the root: level 1 from the base logits, then one per head."""
+    """Top candidate tokens per depth below the root: level 1 from the base logits, then one per head.
+
+    `ngram_key` "level1" extends each level-1 token with n-grams (the paper), "root" the root itself.
+    """
 
     levels: tuple[tuple[int, ...], ...]
+    ngram_key: str = "level1"
+
+
+def _top_levels(
+    target: Target, states: list[torch.Tensor], context: torch.Tensor, widths: Sequence[int], sampling: SamplingConfig
+) -> tuple[tuple[int, ...], ...]:
+    """Top-w tokens per level from normalised states; the penalty makes them look like the target's draws."""
+    if not states:
+        return ()
+    logits = target.logits(torch.stack(states))  # [depth, vocab]
+    return tuple(
+        tuple(target_scores(logits[level], context, sampling).topk(width).indices.tolist())
+        for level, width in enumerate(widths[: len(states)])
+    )
+
+
+def draft_from_verify(
+    target: Target,
+    heads: DraftHeads | None,
+    root: int,
+    leaf_pre_norm: torch.Tensor | None,
+    *,
+    history: Sequence[int],
+    cfg: DraftConfig,
+    sampling: SamplingConfig,
+) -> Drafts:
+    """Medusa-style drafts: heads on the pre-norm state `[hidden]` of the node that drew `root`."""
+    states: list[torch.Tensor] = []
+    if heads is not None and leaf_pre_norm is not None:
+        with torch.no_grad():
+            head_states = heads(leaf_pre_norm.to(next(heads.parameters()).dtype))  # [K, hidden]
+        states = list(head_states[: len(cfg.tree)])
+    context = torch.tensor([*history[-sampling.penalty_window :], root], dtype=torch.long)
+    return Drafts(levels=_top_levels(target, states, context, cfg.tree, sampling), ngram_key="root")
 
 
 def draft(
@@ -47,22 +91,36 @@ def draft(
         with torch.no_grad():
             head_states = heads(forward.pre_norm[0].to(next(heads.parameters()).dtype))  # [K, hidden]
         states += list(head_states[: depth - 1])
-    logits = target.logits(torch.stack(states))  # [depth, vocab]
-    # The penalty (on the committed context) makes the drafts look like what the target will draw.
     context = torch.tensor([*history[-sampling.penalty_window :], root], dtype=torch.long)
-    levels = []
-    for level, width in enumerate(cfg.tree[:depth]):
-        scores = target_scores(logits[level], context, sampling)
-        levels.append(tuple(scores.topk(width).indices.tolist()))
-    return Drafts(levels=tuple(levels))
+    return Drafts(levels=_top_levels(target, states, context, cfg.tree, sampling))
+
+
+def propose(
+    target: Target,
+    heads: DraftHeads | None,
+    state: GenerationState,
+    plan: Plan,
+    *,
+    leaf: torch.Tensor | None,
+    sampling: SamplingConfig,
+) -> Drafts | None:
+    """The drafts of one iteration as `plan` says: none (plain step), a draft pass, or from `leaf`."""
+    kwargs = {"history": state.tokens, "cfg": plan.draft, "sampling": sampling}
+    if plan.source == "plain":
+        return None
+    if plan.source == "verify":
+        return draft_from_verify(target, heads, state.root, leaf, **kwargs)  # type: ignore[arg-type]
+    return draft(target, heads, state.root, state.draft_cache(), **kwargs)  # type: ignore[arg-type]
 
 
 def candidates(root: int, drafts: Drafts | None, ngrams: NGramTable, cfg: DraftConfig) -> Tree:
     """The trie of the template combinations and, for each level-1 token, its top n-gram paths."""
     if drafts is None:
         return build_tree(root, [])
-    ngram_paths = []
-    if cfg.ngram_top_k is not None:
+    ngram_paths: list[tuple[int, ...]] = []
+    if cfg.ngram_top_k is not None and drafts.ngram_key == "root":
+        ngram_paths = list(ngrams.top(root, cfg.ngram_top_k))
+    elif cfg.ngram_top_k is not None:
         for first in drafts.levels[0]:
             ngram_paths += [(first, *rest) for rest in ngrams.top(first, cfg.ngram_top_k)]
     return build_tree(root, drafts.levels, ngram_paths)

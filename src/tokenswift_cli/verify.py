@@ -21,11 +21,37 @@ from .target import QueryCapture, Target
 from .tree import Tree
 
 
+class NodeLogits:
+    """Logits of trie nodes, computed only for the nodes the acceptance walk visits.
+
+    The lm_head over the whole vocabulary costs about one weight read per call and grows with the
+    rows on a CPU, while the walk visits only the accepted nodes + 1. A visit computes its node and
+    that node's children together, so the next step of the walk is already there.
+    """
+
+    def __init__(self, target: Target, tree: Tree, hidden: torch.Tensor) -> None:
+        self._target, self._tree, self._hidden = target, tree, hidden  # hidden: [nodes, hidden]
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        """Float32 logits `[vocab]` of `node`."""
+        if node not in self._rows:
+            batch = [node, *(c for c in self._tree.children[node].values() if c not in self._rows)]
+            logits = self._target.logits(self._hidden[batch])  # [len(batch), vocab]
+            self._rows.update(zip(batch, logits, strict=True))
+        return self._rows[node]
+
+    @property
+    def computed(self) -> int:
+        return len(self._rows)
+
+
 @dataclass(frozen=True)
 class Verified:
-    """Logits `[nodes, vocab]` of a verification forward and the root's per-layer queries."""
+    """Logits of a verification forward (lazy, per node), its pre-norm states and the root's queries."""
 
-    logits: torch.Tensor
+    logits: NodeLogits
+    pre_norm: torch.Tensor  # [nodes, hidden]: feeds the heads when drafting from the verification pass
     queries: list[torch.Tensor]
 
 
@@ -41,10 +67,11 @@ def verify(target: Target, tree: Tree, cache: FullCache) -> Verified:
     """Score every trie node against the full cache in one forward (tree mask, positions n + depth)."""
     capture = QueryCapture(row=0)
     forward = target.forward(tree.tokens, cache, depths=tree.depths, block_mask=tree.mask, capture=capture)
-    return Verified(logits=target.logits(forward.hidden), queries=capture.ordered())
+    logits = NodeLogits(target, tree, forward.hidden)
+    return Verified(logits=logits, pre_norm=forward.pre_norm, queries=capture.ordered())
 
 
-def accept(tree: Tree, logits: torch.Tensor, history: Sequence[int], cfg: SamplingConfig) -> Acceptance:
+def accept(tree: Tree, logits: torch.Tensor | NodeLogits, history: Sequence[int], cfg: SamplingConfig) -> Acceptance:
     """Walk the trie from the root; `history` holds the committed tokens (the root not included)."""
     tail = list(history[-cfg.penalty_window :])
     node, path = 0, [int(tree.tokens[0])]

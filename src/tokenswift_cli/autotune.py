@@ -1,0 +1,109 @@
+"""Sizing the draft from measurement: which plan each iteration uses (TokenSwift on a CPU).
+
+On a GPU extra candidate tokens are nearly free; on a CPU each one costs attention arithmetic that
+grows with the context, and the draft pass costs about a plain step. What pays off depends on the
+machine, the context length and the acceptance of this very text, so the tuner measures it: it
+tries each plan (plain steps, small and full drafts, from a draft pass or from the verification
+pass) for a few iterations, keeps the one with the most tokens per second, and probes them all
+again after `period` iterations, then after twice as many, and so on (up to `max_period`):
+costs drift slowly as the context grows, while every probe of a slow plan costs time. Plain steps
+are one of the plans, so the automatic mode is never much slower than plain decoding. Every plan
+writes the same text (each is lossless), so switching between them changes only the speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .config import DraftConfig, RunConfig
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one iteration drafts: `source` "plain" verifies the root alone (a plain decoding step)."""
+
+    source: str  # "plain", "pass" or "verify"
+    draft: DraftConfig
+
+    @property
+    def depth_cap(self) -> int:
+        """The deepest draft the plan allows (the paper's K + 1 slots of alpha)."""
+        if self.source == "plain":
+            return 0
+        return max(len(self.draft.tree), self.draft.ngram_size if self.draft.ngram_top_k else 0)
+
+    @property
+    def name(self) -> str:
+        if self.source == "plain":
+            return "plain"
+        tree = ",".join(map(str, self.draft.tree))
+        return f"{self.source}[{tree}]+ngram{self.draft.ngram_top_k or 0}"
+
+
+def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
+    """The configured plan, or with `auto`: plain, and small and full drafts of both sources."""
+    draft = cfg.draft
+    if cfg.mode == "plain":
+        return [Plan("plain", draft)]
+    if not draft.auto:
+        return [Plan(draft.source, draft)]
+    full_k = draft.ngram_top_k or 4
+    small = dataclasses.replace(draft, tree=(1,) * min(len(draft.tree), 1 + num_heads), ngram_top_k=1)
+    full = dataclasses.replace(draft, ngram_top_k=full_k)
+    verify_small = dataclasses.replace(draft, tree=(1,) * max(num_heads, 1), ngram_top_k=1)
+    verify_full = dataclasses.replace(draft, tree=draft.tree[1:] or (1,), ngram_top_k=full_k)
+    plans = [Plan("plain", draft), Plan("verify", verify_small), Plan("verify", verify_full)]
+    return plans + [Plan("pass", small), Plan("pass", full)]
+
+
+@dataclass
+class _Arm:
+    plan: Plan
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class Tuner:
+    """Chooses the plan of each iteration and learns from the measured tokens and seconds."""
+
+    def __init__(
+        self, plans: Sequence[Plan], *, probe: int = 4, period: int = 128, max_period: int = 1024, decay: float = 0.97
+    ) -> None:
+        self.arms = [_Arm(p) for p in plans]
+        self.probe, self.period, self.max_period, self.decay = probe, period, max_period, decay
+        self.iteration = 0  # iterations since the current round of probes began
+        self.best = 0
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, *, num_heads: int) -> Tuner:
+        return cls(candidate_plans(cfg, num_heads=num_heads))
+
+    def next(self) -> Plan:
+        """The plan of this iteration: a probe at the start of each period, else the fastest so far."""
+        if len(self.arms) == 1:
+            return self.arms[0].plan
+        if self.iteration >= self.period:  # a new round: probe again, and wait longer next time
+            self.iteration, self.period = 0, min(2 * self.period, self.max_period)
+        if self.iteration < self.probe * len(self.arms):
+            return self.arms[self.iteration // self.probe].plan
+        return self.arms[self.best].plan
+
+    def record(self, plan: Plan, tokens: int, seconds: float) -> None:
+        """One iteration of `plan` committed `tokens` in `seconds` (older measurements fade)."""
+        self.iteration += 1
+        if len(self.arms) == 1:
+            return
+        arm = next(a for a in self.arms if a.plan == plan)
+        arm.tokens = arm.tokens * self.decay + tokens
+        arm.seconds = arm.seconds * self.decay + seconds
+        self.best = max(range(len(self.arms)), key=lambda i: self.arms[i].rate)
+
+    def summary(self) -> dict[str, float]:
+        """Measured tokens/s of each plan."""
+        return {a.plan.name: a.rate for a in self.arms}

@@ -1,0 +1,66 @@
+"""The Medusa-style draft source and the automatic mode are lossless; the tuner keeps the fastest plan."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import first_divergence, random_heads, random_prompt, tiny_target
+
+from tokenswift_cli.autotune import Plan, Tuner, candidate_plans
+from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
+from tokenswift_cli.decode import generate_tokens
+
+SMALL = {"partial_budget": 64, "sink_tokens": 4, "recent_window": 16}
+SAMPLED = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=5)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "draft",
+    [DraftConfig(source="verify", **SMALL), DraftConfig(source="verify", tree=(2, 2), ngram_top_k=None),
+     DraftConfig(auto=True, **SMALL)],  # fmt: skip
+    ids=["verify", "verify-heads-only", "auto"],
+)
+def test_new_variants_match_plain(sampling: SamplingConfig, draft: DraftConfig) -> None:
+    target = tiny_target("llama-gqa", seed=3)
+    prompt = random_prompt(90, seed=4)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=160, mode="plain", sampling=sampling))
+    for heads in (random_heads(target), None):
+        cfg = RunConfig(max_new_tokens=160, sampling=sampling, draft=draft)
+        fast, stats = generate_tokens(target, heads, prompt, cfg)
+        assert first_divergence(fast, plain) is None
+        assert stats.generated == 160
+
+
+def test_verify_source_accepts_ngram_drafts_on_repetitive_text() -> None:
+    target = tiny_target("qwen2", seed=1)
+    prompt = random_prompt(12, seed=2) * 6  # the table has seen every continuation
+    cfg = RunConfig(max_new_tokens=120, draft=DraftConfig(source="verify", **SMALL))
+    fast, stats = generate_tokens(target, None, prompt, cfg)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=120, mode="plain"))
+    assert fast == plain
+    assert stats.accepted_ngram > 0
+
+
+def test_plans_of_auto_mode() -> None:
+    cfg = RunConfig(max_new_tokens=10, draft=DraftConfig(auto=True))
+    plans = candidate_plans(cfg, num_heads=3)
+    assert [p.source for p in plans] == ["plain", "verify", "verify", "pass", "pass"]
+    assert plans[0].depth_cap == 0 and all(p.depth_cap > 0 for p in plans[1:])
+    assert candidate_plans(RunConfig(max_new_tokens=10), num_heads=3) == [Plan("pass", DraftConfig())]
+    assert [p.source for p in candidate_plans(RunConfig(max_new_tokens=10, mode="plain"), num_heads=3)] == ["plain"]
+
+
+def test_tuner_probes_every_plan_then_keeps_the_fastest() -> None:
+    plans = [Plan("plain", DraftConfig()), Plan("verify", DraftConfig(source="verify")), Plan("pass", DraftConfig())]
+    rates = {"plain": 10.0, "verify": 30.0, "pass": 20.0}  # tokens per second of each plan
+    tuner = Tuner(plans, probe=2, period=50)
+    chosen = []
+    for _ in range(200):
+        plan = tuner.next()
+        chosen.append(plan.source)
+        tuner.record(plan, 3, 3 / rates[plan.source])
+    assert chosen[:6] == ["plain", "plain", "verify", "verify", "pass", "pass"]
+    assert set(chosen[6:50]) == {"verify"}
+    assert chosen[50:56] == chosen[:6]  # probes again as the context grows, then less often
+    assert chosen[150:156] == chosen[:6] and set(chosen[56:150]) == {"verify"}
+    assert tuner.summary()["plain"] == pytest.approx(10.0)
