@@ -186,3 +186,8 @@ def test_suppressed_tokens_are_never_drawn_in_either_mode() -> None:
     )
     assert not set(banned) & set(plain)
     assert first_divergence(fast, plain) is None
+
+
+def test_empty_text_has_no_perplexity() -> None:
+    report = evaluate([], word_tokenizer(), tiny_model("llama-gqa", seed=1), prefix=[1, 2, 3])
+    assert (report.tokens, report.nll, report.buckets, report.distinct) == (0, None, (), ())

@@ -186,7 +186,7 @@ def evaluate(
 ) -> QualityReport:
     """Every metric for `tokens` (a text after `prefix`, which is context only); NLL when `model` is given."""
     nll = None
-    if model is not None and len(prefix) + len(tokens) > 1:
+    if model is not None and tokens and len(prefix) + len(tokens) > 1:
         scored = token_nll(model, [*prefix, *tokens], window=window, stride=stride, first=max(1, len(prefix)))
         nll = scored[-len(tokens) :] if prefix else torch.cat([torch.full((1,), math.nan), scored])  # [n]
     seen: set[str] = set()
