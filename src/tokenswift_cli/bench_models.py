@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .bench import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
-from .config import DraftConfig, ModelSpec
+from .config import ConfigError, DraftConfig, ModelSpec
 from .heads import DraftHeads, load_heads
 from .target import Target
 
@@ -56,13 +56,13 @@ class BenchRequest:
             changes["tree"] = tuple(int(w) for w in self.tree.split(","))
         if self.ngram_top_k is not None:
             changes["ngram_top_k"] = self.ngram_top_k or None
-        if self.draft not in ("auto", "pass", "verify"):
-            raise ValueError(f"unknown draft {self.draft!r}: use auto, pass or verify")
-        changes["auto"] = self.draft == "auto"
-        changes["source"] = "pass" if self.draft == "auto" else self.draft
         if self.quick:
             changes.update(partial_budget=64, sink_tokens=4, recent_window=16)
-        return BenchSettings(self.cases(), self.methods, sampling, dataclasses.replace(draft, **changes), self.repeats)
+        try:
+            draft = dataclasses.replace(draft, **changes).drafting(self.draft)
+        except ConfigError as error:
+            raise ValueError(str(error)) from None
+        return BenchSettings(self.cases(), self.methods, sampling, draft, self.repeats)
 
 
 def quick_model(seed: int = 0) -> Any:

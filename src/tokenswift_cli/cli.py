@@ -31,6 +31,7 @@ from .options import (
     SAMPLING_DEFAULTS,
     CheckpointEveryOpt,
     DeviceOpt,
+    DraftOpt,
     DTypeOpt,
     EtaOpt,
     HeadsOpt,
@@ -52,6 +53,7 @@ from .options import (
     SeedOpt,
     StopAtEosOpt,
     TemperatureOpt,
+    ThreadsOpt,
     TokensOpt,
     TopKOpt,
     TopPOpt,
@@ -196,11 +198,13 @@ def write(
     tree: TreeOpt = DEFAULT_TREE,
     ngram_top_k: NGramTopKOpt = DEFAULT_NGRAM_TOP_K,
     partial_budget: PartialBudgetOpt = DEFAULT_PARTIAL_BUDGET,
+    draft: DraftOpt = "auto",
     out: OutOpt = None,
     checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_EVERY,
     runs_dir: RunsDirOpt = None,
     stop_at_eos: StopAtEosOpt = False,
     quiet: QuietOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Write --tokens tokens after the text of --prefix; the text streams to stdout.
 
@@ -212,13 +216,13 @@ def write(
             model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
             penalty_window=penalty_window, seed=seed,
         )  # fmt: skip
-        draft = DraftConfig(
+        drafting = DraftConfig(
             tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget)
-        )
+        ).drafting(draft)
         # The Literal-typed fields are checked by the configs themselves (one-line ConfigError).
         config = RunConfig(
             max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,
-            draft=draft,
+            draft=drafting,
         )  # fmt: skip
         spec = ModelSpec(
             name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),
@@ -226,6 +230,7 @@ def write(
         )  # fmt: skip
         from . import runner
 
+        runner.use_threads(threads)
         output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet)
         text = runner.read_prefix(prefix)
         code = runner.write(prefix=text, config=config, model=spec, heads=heads, runs_dir=runs_dir, output=output)
@@ -240,6 +245,7 @@ def resume(
     checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_EVERY,
     runs_dir: RunsDirOpt = None,
     quiet: QuietOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Continue a stopped run to its target, exactly as if it had never stopped.
 
@@ -249,6 +255,7 @@ def resume(
         target = parse_tokens(tokens) if tokens is not None else None
         from . import runner
 
+        runner.use_threads(threads)
         output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet)
         code = runner.resume(run=run, tokens=target, runs_dir=runs_dir, output=output)
     raise typer.Exit(code)

@@ -32,8 +32,9 @@ _HELP_CONTEXTS = "Prefix lengths for the context axis (then --context-tokens new
 
 
 def bench_command(
-    model: Annotated[str, typer.Option("--model", "-m", help="'default', a model folder, a .gguf file or a hub id.")]
-    = "default",
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="'default', a model folder, a .gguf file or a hub id.")
+    ] = "default",
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (every method uses the same).")] = "bfloat16",
     heads: Annotated[str, typer.Option(help="Draft heads: 'default' (shipped), 'none', or a file.")] = "default",
     lengths: Annotated[str, typer.Option(help=_HELP_LENGTHS)] = "512,2k",
@@ -41,13 +42,14 @@ def bench_command(
     contexts: Annotated[str, typer.Option(help=_HELP_CONTEXTS)] = "2k,8k",
     context_tokens: Annotated[str, typer.Option(help="Tokens generated per context-axis case.")] = "256",
     prefix_file: Annotated[Path | None, typer.Option(help="Text whose first N tokens are the prefix.")] = None,
-    methods: Annotated[str, typer.Option(help="Among plain,tokenswift,generate,prompt_lookup.")]
-    = "plain,tokenswift,generate,prompt_lookup",
-    sampling: Annotated[str, typer.Option(help="'paper' (T=1, min-p 0.1, penalty 1.2 / 1024) or 'greedy'.")]
-    = "paper",
+    methods: Annotated[
+        str, typer.Option(help="Among plain,tokenswift,generate,prompt_lookup.")
+    ] = "plain,tokenswift,generate,prompt_lookup",
+    sampling: Annotated[str, typer.Option(help="'paper' (T=1, min-p 0.1, penalty 1.2 / 1024) or 'greedy'.")] = "paper",
     seed: Annotated[int, typer.Option(help="Seed of the position-keyed random stream.")] = 0,
-    draft: Annotated[str, typer.Option(help="TokenSwift drafting: auto, verify (Medusa-style) or pass (paper).")]
-    = "auto",
+    draft: Annotated[
+        str, typer.Option(help="TokenSwift drafting: auto, verify (Medusa-style) or pass (paper).")
+    ] = "auto",
     tree: Annotated[str | None, typer.Option(help="Tree template, e.g. 1,3,3,3 (default: the engine's).")] = None,
     ngram_top_k: Annotated[int | None, typer.Option(help="N-gram candidates per key; 0 = off.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Interleaved repeats per case (median time).")] = 1,

@@ -16,6 +16,7 @@ Mode = Literal["tokenswift", "plain"]
 DraftSource = Literal["pass", "verify"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
+DRAFT_CHOICES = ("auto", "pass", "verify")
 
 
 class ConfigError(ValueError):
@@ -96,6 +97,11 @@ class DraftConfig:
                 self.partial_budget >= self.sink_tokens + self.recent_window + 1,
                 f"partial budget must exceed sink tokens + recent window ({self.sink_tokens + self.recent_window})",
             )
+
+    def drafting(self, choice: str) -> DraftConfig:
+        """This config with drafting `choice`: "auto" (tuned per iteration), "pass" or "verify" (fixed)."""
+        _check(choice in DRAFT_CHOICES, f"unknown drafting {choice!r}: use {', '.join(DRAFT_CHOICES)}")
+        return dataclasses.replace(self, auto=choice == "auto", source="pass" if choice == "auto" else choice)
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,9 @@ DeviceOpt = Annotated[
 TemperatureOpt = Annotated[
     float | None,
     typer.Option(
-        "--temperature", "-t", help="0 = greedy. Unset sampling flags take the model's measured defaults.",
+        "--temperature",
+        "-t",
+        help="0 = greedy. Unset sampling flags take the model's measured defaults.",
         rich_help_panel=_SAMPLE,
     ),
 ]
@@ -135,6 +137,13 @@ TreeOpt = Annotated[
 NGramTopKOpt = Annotated[
     int, typer.Option("--ngram-top-k", help="N-gram candidates per level-1 token; 0 = off.", rich_help_panel=_ACCEL)
 ]
+DraftOpt = Annotated[
+    str,
+    typer.Option(
+        "--draft", help="auto (plan tuned from measured speed, never much slower than plain), pass (the paper's "
+        "draft forward) or verify (drafts from the verification pass).", rich_help_panel=_ACCEL,
+    ),
+]  # fmt: skip
 PartialBudgetOpt = Annotated[
     int,
     typer.Option(
@@ -163,6 +172,13 @@ StopAtEosOpt = Annotated[
 QuietOpt = Annotated[
     bool, typer.Option("--quiet", "-q", help="No panel and no log lines on stderr.", rich_help_panel=_RUN)
 ]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads", min=1, help="CPU threads for torch (default: torch's choice). Does not change the text.",
+        rich_help_panel=_RUN, show_default=False,
+    ),
+]  # fmt: skip
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print settings and statistics as JSON.")]
 
 DEFAULT_CHECKPOINT_EVERY = 512

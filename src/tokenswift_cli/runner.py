@@ -36,6 +36,14 @@ _PROJECT_HEADS = Path(__file__).resolve().parents[2] / "heads"
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
 
+def use_threads(threads: int | None) -> None:
+    """Pin torch's CPU threads (None: torch's choice); oversubscribed cores make every step much slower."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 @dataclass(frozen=True)
 class Output:
     """Where the text goes besides stdout and the run folder, how often to checkpoint, how much to say."""
