@@ -103,11 +103,12 @@ def test_unset_sampling_flags_take_the_models_measured_defaults(captured: dict[s
 
 
 def test_write_defaults_are_the_library_defaults(captured: dict[str, Any], prefix_file: Path) -> None:
+    """The library's default is the paper's fixed plan; the tool tunes the plan by default (`--draft auto`)."""
     result = cli("write", "--prefix", prefix_file, "--tokens", "2k")
     assert result.exit_code == 0, result.output
     assert captured["write"] == {
         "prefix": PREFIX,
-        "config": RunConfig(max_new_tokens=2000, sampling=defaults.EMBEDDED),
+        "config": RunConfig(max_new_tokens=2000, sampling=defaults.EMBEDDED, draft=DraftConfig().drafting("auto")),
         "model": ModelSpec(),
         "heads": "default",
         "runs_dir": None,
@@ -120,7 +121,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "write", "-p", prefix_file, "-n", "1.5k", "-m", "some/model", "--heads", "none", "--dtype", "bfloat16",
         "--device", "cuda:1", "--rope-scaling", "yarn", "--rope-factor", "2", "-t", "0.7", "--top-p", "0.9",
         "--top-k", "40", "--min-p", "0.05", "--eta", "0.01", "--penalty", "1.2", "--penalty-window", "64",
-        "--seed", "9", "--mode", "plain", "--tree", "1,2,2",
+        "--seed", "9", "--mode", "plain", "--tree", "1,2,2", "--draft", "verify", "--threads", "1",
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q",
     )  # fmt: skip
@@ -128,7 +129,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
     sampling = SamplingConfig(
         temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, eta=0.01, penalty=1.2, penalty_window=64, seed=9
     )
-    draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None)
+    draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify")
     assert captured["write"] == {
         "prefix": PREFIX,
         "config": RunConfig(max_new_tokens=1500, mode="plain", stop_at_eos=True, sampling=sampling, draft=draft),
@@ -191,6 +192,8 @@ def test_bad_token_counts_are_one_line(captured: dict[str, Any], prefix_file: Pa
         (("--penalty", "0"), "penalty"),
         (("--device", "tpu"), "device"),
         (("--rope-scaling", "linear"), "rope scaling"),
+        (("--draft", "fast"), "drafting"),
+        (("--threads", "0"), "threads"),
         (("--temperature", "abc"), "temperature"),  # click's own check, also one line
     ],
 )
@@ -459,7 +462,8 @@ def test_runs_list_show_and_remove(tiny_folder: Path, prefix_file: Path) -> None
     assert "25/25 tokens" in shown.stdout
     report = json.loads(cli("runs", "show", "1", "--json").stdout)
     # A local model gets the paper's sampling; <eos> is suppressed.
-    expected = RunConfig(max_new_tokens=25, sampling=dataclasses.replace(defaults.PAPER, suppress_token_ids=(1,)))
+    sampling = dataclasses.replace(defaults.PAPER, suppress_token_ids=(1,))
+    expected = RunConfig(max_new_tokens=25, sampling=sampling, draft=DraftConfig().drafting("auto"))
     assert report["settings"]["run_config"] == json.loads(json.dumps(expected.to_dict()))
     assert set(report["statistics"]) >= {
         "generated_tokens",
