@@ -16,8 +16,11 @@ SAMPLED = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize(
     "draft",
-    [DraftConfig(source="verify", **SMALL), DraftConfig(source="verify", tree=(2, 2), ngram_top_k=None),
-     DraftConfig(auto=True, **SMALL)],  # fmt: skip
+    [
+        DraftConfig(source="verify", **SMALL),
+        DraftConfig(source="verify", tree=(2, 2), ngram_top_k=None),
+        DraftConfig(auto=True, **SMALL),
+    ],  # fmt: skip
     ids=["verify", "verify-heads-only", "auto"],
 )
 def test_new_variants_match_plain(sampling: SamplingConfig, draft: DraftConfig) -> None:
@@ -59,8 +62,10 @@ def test_tuner_probes_every_plan_then_keeps_the_fastest() -> None:
         plan = tuner.next()
         chosen.append(plan.source)
         tuner.record(plan, 3, 3 / rates[plan.source])
-    assert chosen[:6] == ["plain", "plain", "verify", "verify", "pass", "pass"]
-    assert set(chosen[6:50]) == {"verify"}
-    assert chosen[50:56] == chosen[:6]  # probes again as the context grows, then less often
-    assert chosen[150:156] == chosen[:6] and set(chosen[56:150]) == {"verify"}
+    assert chosen[:3] == ["plain", "verify", "pass"]  # the first round probes each plan briefly
+    assert set(chosen[3:50]) == {"verify"}
+    # Later rounds probe again as the context grows, then less often; a plan at under half the best
+    # rate gets a single probe.
+    assert chosen[50:55] == ["plain", "verify", "verify", "pass", "pass"]
+    assert chosen[150:155] == chosen[50:55] and set(chosen[55:150]) == {"verify"}
     assert tuner.summary()["plain"] == pytest.approx(10.0)

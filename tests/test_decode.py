@@ -18,9 +18,7 @@ def hf_greedy(target, prompt: list[int], tokens: int) -> list[int]:  # type: ign
     model = target.model
     model.set_attn_implementation("sdpa")
     try:
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False
-        )
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False)
     finally:
         model.set_attn_implementation("tokenswift")
     return out[0, len(prompt) :].tolist()

@@ -70,28 +70,53 @@ class _Arm:
 
 
 class Tuner:
-    """Chooses the plan of each iteration and learns from the measured tokens and seconds."""
+    """Chooses the plan of each iteration and learns from the measured tokens and seconds.
+
+    Each round begins with probes: `probe` iterations of every plan (half as many in the first
+    round, which short runs cannot afford), one for a plan that ran at under `keep` x the best rate.
+    """
 
     def __init__(
-        self, plans: Sequence[Plan], *, probe: int = 4, period: int = 128, max_period: int = 1024, decay: float = 0.97
+        self,
+        plans: Sequence[Plan],
+        *,
+        probe: int = 4,
+        period: int = 128,
+        max_period: int = 1024,
+        decay: float = 0.97,
+        keep: float = 0.5,
     ) -> None:
         self.arms = [_Arm(p) for p in plans]
-        self.probe, self.period, self.max_period, self.decay = probe, period, max_period, decay
+        self.probe, self.period, self.max_period, self.decay, self.keep = probe, period, max_period, decay, keep
         self.iteration = 0  # iterations since the current round of probes began
         self.best = 0
+        self.probes = self._schedule()
 
     @classmethod
     def for_run(cls, cfg: RunConfig, *, num_heads: int) -> Tuner:
         return cls(candidate_plans(cfg, num_heads=num_heads))
 
+    def _schedule(self) -> list[int]:
+        """The arms probed at the start of this round, in order, one entry per iteration."""
+        best = self.arms[self.best].rate
+        schedule: list[int] = []
+        for index, arm in enumerate(self.arms):
+            if arm.seconds == 0:
+                count = max(1, self.probe // 2)
+            else:
+                count = self.probe if arm.rate >= self.keep * best else 1
+            schedule += [index] * count
+        return schedule
+
     def next(self) -> Plan:
-        """The plan of this iteration: a probe at the start of each period, else the fastest so far."""
+        """The plan of this iteration: a probe at the start of each round, else the fastest so far."""
         if len(self.arms) == 1:
             return self.arms[0].plan
         if self.iteration >= self.period:  # a new round: probe again, and wait longer next time
             self.iteration, self.period = 0, min(2 * self.period, self.max_period)
-        if self.iteration < self.probe * len(self.arms):
-            return self.arms[self.iteration // self.probe].plan
+            self.probes = self._schedule()
+        if self.iteration < len(self.probes):
+            return self.arms[self.probes[self.iteration]].plan
         return self.arms[self.best].plan
 
     def record(self, plan: Plan, tokens: int, seconds: float) -> None:
