@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 SCHEMA_VERSION = 1
 
@@ -101,7 +101,8 @@ class DraftConfig:
     def drafting(self, choice: str) -> DraftConfig:
         """This config with drafting `choice`: "auto" (tuned per iteration), "pass" or "verify" (fixed)."""
         _check(choice in DRAFT_CHOICES, f"unknown drafting {choice!r}: use {', '.join(DRAFT_CHOICES)}")
-        return dataclasses.replace(self, auto=choice == "auto", source="pass" if choice == "auto" else choice)
+        source = cast(DraftSource, "pass" if choice == "auto" else choice)
+        return dataclasses.replace(self, auto=choice == "auto", source=source)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .paths import home_dir
+
 if TYPE_CHECKING:
-    from .loading import LoadedModel
+    from .paths import home_dir
+from .loading import LoadedModel
 
 
 class HeadBlock(nn.Module):
@@ -198,10 +201,14 @@ SHIPPED = {"default": "smollm2-135m-instruct.safetensors"}
 
 
 def shipped_heads(model_name: str) -> Path | None:
-    """The trained heads shipped for a model (`heads/` of the source tree), if there are any."""
+    """The trained heads of a model, if any: in $TOKENSWIFT_HOME/heads, else in the source tree's heads/."""
     name = SHIPPED.get(model_name)
-    path = Path(__file__).resolve().parents[2] / "heads" / name if name else None
-    return path if path is not None and path.is_file() else None
+    if name is None:
+        return None
+    for folder in (home_dir() / "heads", Path(__file__).resolve().parents[2] / "heads"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
 
 
 def model_identity(fingerprint: str, source: str = "") -> dict[str, str]:

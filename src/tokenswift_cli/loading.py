@@ -130,6 +130,12 @@ def eos_token_ids(tokenizer: Tokenizer | None, config: Any) -> list[int]:
     return sorted(ids)
 
 
+def end_of_text_ids(loaded: LoadedModel) -> tuple[int, ...]:
+    """End-of-text ids named by the model's config, its generation config or its tokenizer."""
+    model = loaded.model
+    return tuple(sorted({*eos_token_ids(loaded.tokenizer, model.config), *eos_token_ids(None, model)}))
+
+
 def describe(loaded: LoadedModel) -> dict[str, Any]:
     """A summary of the loaded model for `tokenswift` output and run manifests."""
     model, config = loaded.model, loaded.model.config

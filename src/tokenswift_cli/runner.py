@@ -8,11 +8,9 @@ finish the step, checkpoint and return 128 + the signal number.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,20 +18,12 @@ from typing import Any
 from . import __version__, runs
 from .checkpoint import Checkpointer, CheckpointError, RunLock, read_manifest, restore, write_atomic
 from .config import ConfigError, ModelSpec, RunConfig
-from .heads import DraftHeads, load_heads
-from .loading import LoadedModel, ModelLoadError, eos_token_ids, load_model
-from .paths import home_dir
 from .render import Renderer, make_renderer
-from .rope import apply_rope, plan_rope
+from .rope import plan_rope
+from .run_model import RunModel, fit_rope, load_run_model, suppress_eos, unscaled
 from .session import Session, StopSignals, TextSink
 from .state import GenerationState, prefill
-from .target import Target
 from .textstream import TextStream, tokenizer_decoder
-
-# Heads shipped for a model name, looked up in $TOKENSWIFT_HOME/heads, then in the project's heads/.
-SHIPPED_HEADS = {"default": "smollm2-135m-instruct.safetensors"}
-_PROJECT_HEADS = Path(__file__).resolve().parents[2] / "heads"
-DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
 
 def use_threads(threads: int | None) -> None:
@@ -94,99 +84,6 @@ def read_prefix(source: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-# ---- loading ----
-
-
-@dataclass(frozen=True)
-class _Model:
-    target: Target
-    heads: DraftHeads | None
-    tokenizer: Any
-    eos_ids: tuple[int, ...]
-    settings: dict[str, Any]  # the model part of settings.json
-    heads_settings: dict[str, Any]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def shipped_heads(model_name: str) -> Path | None:
-    """The shipped heads of a model, if present (only the default model has some)."""
-    filename = SHIPPED_HEADS.get(model_name)
-    if filename is None:
-        return None
-    for folder in (home_dir() / "heads", _PROJECT_HEADS):
-        if (folder / filename).is_file():
-            return folder / filename
-    return None
-
-
-def _eos_ids(loaded: LoadedModel) -> tuple[int, ...]:
-    """End-of-text ids named by the config, the generation config or the tokenizer."""
-    model = loaded.model
-    return tuple(sorted({*eos_token_ids(loaded.tokenizer, model.config), *eos_token_ids(None, model)}))
-
-
-def _load(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Callable[[str], None]) -> _Model:
-    """Load the model and its heads. `heads`: a path, "none", "default" (shipped heads, if any) or None.
-
-    The rotary embedding is loaded as `spec` says; `_fit_rope` sizes an "auto"/"yarn" one to the run.
-    """
-    note(f"loading model {spec.name} ({spec.device})")
-    loaded = load_model(spec)
-    if loaded.tokenizer is None:
-        raise ModelLoadError(f"the model {spec.name} has no tokenizer files")
-    target = Target(loaded.model)
-    path: Path | None = None
-    if cfg.mode == "tokenswift" and heads not in (None, "none"):
-        path = shipped_heads(spec.name) if heads == "default" else Path(heads).expanduser().absolute()
-        if path is None and spec.name in SHIPPED_HEADS:
-            note(f"no trained draft heads for this model ({SHIPPED_HEADS[spec.name]}): drafting without heads")
-    draft_heads = None
-    if path is not None:
-        draft_heads = load_heads(path, loaded.model.config, fingerprint=loaded.fingerprint)
-        draft_heads = draft_heads.to(device=target.device, dtype=loaded.model.dtype)
-    label = DEFAULT_MODEL_LABEL if spec.name == "default" else Path(spec.name).name or spec.name
-    model_settings = {"spec": asdict(spec), "fingerprint": loaded.fingerprint, "label": label, "source": loaded.source}
-    heads_settings = {
-        "choice": heads,
-        "path": str(path) if path else None,
-        "fingerprint": _sha256(path) if path else None,
-    }
-    return _Model(target, draft_heads, loaded.tokenizer, _eos_ids(loaded), model_settings, heads_settings)
-
-
-def _unscaled(spec: ModelSpec) -> ModelSpec:
-    return dataclasses.replace(spec, rope_scaling="none", rope_factor=None)
-
-
-def _fit_rope(model: _Model, spec: ModelSpec, total_tokens: int, note: Callable[[str], None]) -> _Model:
-    """Give the model (loaded unscaled) the rope scaling `spec` asks for a run of `total_tokens` positions.
-
-    The settings record the resolved spec ("yarn" with its factor, or "none"), so that a resume, whatever
-    its target, loads exactly this model.
-    """
-    plan = plan_rope(spec, model.target.model.config, total_tokens)
-    apply_rope(model.target.model, plan)
-    warning = plan.warning()
-    if warning:
-        note(warning)
-    return dataclasses.replace(model, settings={**model.settings, "spec": asdict(plan.resolved(spec))})
-
-
-def _suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
-    """Without --stop-at-eos the sampler never draws an end-of-text token (plain and accelerated alike):
-    an instruct model would otherwise end its text and go on with noise."""
-    if config.stop_at_eos or config.sampling.suppress_token_ids or not eos_ids:
-        return config
-    return config.replace(sampling=dataclasses.replace(config.sampling, suppress_token_ids=tuple(eos_ids)))
-
-
 def _hint(run_dir: Path, runs_dir: Path | None) -> str:
     extra = f" --runs-dir {runs.runs_root(runs_dir)}" if runs_dir is not None else ""
     return f"resume with: tokenswift resume {run_dir.name}{extra}"
@@ -205,7 +102,7 @@ def _failing_run(run_dir: Path) -> Iterator[None]:
 
 def _session(
     run_dir: Path,
-    loaded: _Model,
+    loaded: RunModel,
     state: GenerationState,
     stream: TextStream,
     *,
@@ -244,12 +141,12 @@ def write(
     runs.ensure_writable(root)
     output.check()
     renderer = make_renderer(quiet=output.quiet)
-    loaded = _load(_unscaled(model), heads, config, renderer.note)
+    loaded = load_run_model(unscaled(model), heads, config, renderer.note)
     prompt = loaded.tokenizer(prefix)["input_ids"]
     if not prompt:
         raise ConfigError("the prefix has no tokens")
-    loaded = _fit_rope(loaded, model, len(prompt) + config.max_new_tokens, renderer.note)
-    config = _suppress_eos(config, loaded.eos_ids)
+    loaded = fit_rope(loaded, model, len(prompt) + config.max_new_tokens, renderer.note)
+    config = suppress_eos(config, loaded.eos_ids)
     run_dir = runs.create_run(root)
     with RunLock(run_dir), _failing_run(run_dir):
         settings = {
@@ -296,7 +193,7 @@ def _check_resumable(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunCon
     return target
 
 
-def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: _Model) -> None:
+def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: RunModel) -> None:
     name = run_dir.name
     if loaded.settings["fingerprint"] != settings["model"]["fingerprint"]:
         raise CheckpointError(
@@ -325,7 +222,7 @@ def resume(
         cfg = cfg.replace(max_new_tokens=_check_resumable(run_dir, manifest, cfg, tokens))
         renderer = make_renderer(quiet=output.quiet)
         spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
-        loaded = _load(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
+        loaded = load_run_model(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
         _check_same_model(run_dir, settings, loaded)
         warning = plan_rope(
             spec, loaded.target.model.config, settings["prefix"]["tokens"] + cfg.max_new_tokens

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .heads import DraftHeads, model_identity, save_heads
-from .loading import LoadedModel
+from .loading import LoadedModel, end_of_text_ids
 from .paths import cache_dir
 from .train import Accuracy, StepReport, TrainConfig, evaluate, lm_head_weight, split_by_position, train_heads
 from .train_data import DistillConfig, Rows, empty_rows, self_distill, teacher_forced
@@ -58,16 +58,6 @@ class HeadsReport:
 Progress = Callable[[str, int, int], None]  # (task, done, total)
 
 
-def _eos_ids(loaded: LoadedModel) -> list[int]:
-    """Tokens that end a text: suppressed while the model writes, as long writing runs do."""
-    ids = {loaded.model.generation_config.eos_token_id, loaded.model.config.eos_token_id}
-    tokenizer = loaded.tokenizer
-    if tokenizer is not None:
-        ids |= {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
-    flat = {i for x in ids if x is not None for i in (x if isinstance(x, list) else [x])}
-    return sorted(i for i in flat if isinstance(i, int) and i >= 0)
-
-
 def rows_cache(loaded: LoadedModel) -> Path:
     """Self-distilled rows of a model, cached per batch (see `train_data.self_distill`)."""
     return cache_dir() / "heads-data" / loaded.fingerprint[:16]
@@ -98,7 +88,7 @@ def distilled_rows(
             if progress is not None:
                 progress("writing training text", done, total)
 
-        suppress = _eos_ids(loaded)
+        suppress = list(end_of_text_ids(loaded))
         rows = self_distill(
             model, ids, distill, heads=heads, suppress=suppress, folder=rows_cache(loaded), on_batch=advance
         )

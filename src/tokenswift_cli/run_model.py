@@ -1,0 +1,97 @@
+"""The model of a run: loaded as its settings say, with its draft heads, rope scaling and end-of-text ids.
+
+`write` loads the model unscaled, then `fit_rope` sizes YaRN to the run and records the resolved
+spec, so that `resume` loads exactly the same model whatever its new target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ModelSpec, RunConfig
+from .heads import SHIPPED, DraftHeads, load_heads, shipped_heads
+from .loading import ModelLoadError, end_of_text_ids, load_model
+from .rope import apply_rope, plan_rope
+from .target import Target
+
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The model of a run: target, heads, tokenizer, end-of-text ids, and what settings.json records of them."""
+
+    target: Target
+    heads: DraftHeads | None
+    tokenizer: Any
+    eos_ids: tuple[int, ...]
+    settings: dict[str, Any]  # the model part of settings.json
+    heads_settings: dict[str, Any]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_run_model(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Callable[[str], None]) -> RunModel:
+    """Load the model and its heads. `heads`: a path, "none", "default" (shipped heads, if any) or None.
+
+    The rotary embedding is loaded as `spec` says; `fit_rope` sizes an "auto"/"yarn" one to the run.
+    """
+    note(f"loading model {spec.name} ({spec.device})")
+    loaded = load_model(spec)
+    if loaded.tokenizer is None:
+        raise ModelLoadError(f"the model {spec.name} has no tokenizer files")
+    target = Target(loaded.model)
+    path: Path | None = None
+    if cfg.mode == "tokenswift" and heads not in (None, "none"):
+        path = shipped_heads(spec.name) if heads == "default" else Path(heads).expanduser().absolute()
+        if path is None and spec.name in SHIPPED:
+            note(f"no trained draft heads for this model ({SHIPPED[spec.name]}): drafting without heads")
+    draft_heads = None
+    if path is not None:
+        draft_heads = load_heads(path, loaded.model.config, fingerprint=loaded.fingerprint)
+        draft_heads = draft_heads.to(device=target.device, dtype=loaded.model.dtype)
+    label = DEFAULT_MODEL_LABEL if spec.name == "default" else Path(spec.name).name or spec.name
+    model_settings = {"spec": asdict(spec), "fingerprint": loaded.fingerprint, "label": label, "source": loaded.source}
+    heads_settings = {
+        "choice": heads,
+        "path": str(path) if path else None,
+        "fingerprint": _sha256(path) if path else None,
+    }
+    return RunModel(target, draft_heads, loaded.tokenizer, end_of_text_ids(loaded), model_settings, heads_settings)
+
+
+def unscaled(spec: ModelSpec) -> ModelSpec:
+    return dataclasses.replace(spec, rope_scaling="none", rope_factor=None)
+
+
+def fit_rope(model: RunModel, spec: ModelSpec, total_tokens: int, note: Callable[[str], None]) -> RunModel:
+    """Give the model (loaded unscaled) the rope scaling `spec` asks for a run of `total_tokens` positions.
+
+    The settings record the resolved spec ("yarn" with its factor, or "none"), so that a resume, whatever
+    its target, loads exactly this model.
+    """
+    plan = plan_rope(spec, model.target.model.config, total_tokens)
+    apply_rope(model.target.model, plan)
+    warning = plan.warning()
+    if warning:
+        note(warning)
+    return dataclasses.replace(model, settings={**model.settings, "spec": asdict(plan.resolved(spec))})
+
+
+def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
+    """Without --stop-at-eos the sampler never draws an end-of-text token (plain and accelerated alike):
+    an instruct model would otherwise end its text and go on with noise."""
+    if config.stop_at_eos or config.sampling.suppress_token_ids or not eos_ids:
+        return config
+    return config.replace(sampling=dataclasses.replace(config.sampling, suppress_token_ids=tuple(eos_ids)))
