@@ -152,6 +152,7 @@ PartialBudgetOpt = Annotated[
 ]
 
 # Run and output
+RunArg = Annotated[str, typer.Argument(help="A run: run-042, 42, or the path of a run folder.", show_default=False)]
 OutOpt = Annotated[
     Path | None,
     typer.Option("--out", "-o", help="Also write the text to this file.", rich_help_panel=_RUN, show_default=False),
