@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from helpers import tiny_target
 
+from tokenswift_cli import attention
 from tokenswift_cli.attention import attend, masked_attention, pack_queries, split_attention
 from tokenswift_cli.cache import FullCache
 from tokenswift_cli.target import Target
@@ -42,6 +43,23 @@ def test_attend_matches_reference(committed: int, q_len: int, kv_heads: int) -> 
     out = attend(query, keys, values, committed=committed, block_mask=block, scaling=0.125)
     expected = reference(query, keys, values, committed, block)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("committed", [64, 101])  # 101: chunks of unequal size leave a remainder
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_split_kv_over_threads_matches_reference(monkeypatch: pytest.MonkeyPatch, committed: int, q_len: int) -> None:
+    monkeypatch.setattr(attention, "SPLIT_KV_MIN", 16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # split-KV is used with several threads only
+    try:
+        torch.manual_seed(committed + q_len)
+        query = torch.randn(1, 9, q_len, 64)
+        keys, values = torch.randn(1, 3, committed + q_len, 64), torch.randn(1, 3, committed + q_len, 64)
+        block = torch.ones(q_len, q_len, dtype=torch.bool).tril()
+        out = attend(query, keys, values, committed=committed, block_mask=block, scaling=0.125)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(out, reference(query, keys, values, committed, block), atol=2e-5, rtol=1e-4)
 
 
 def test_split_and_masked_agree_in_bfloat16() -> None:

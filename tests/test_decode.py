@@ -122,3 +122,22 @@ def test_mistral_is_lossless_too() -> None:
     plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=200, mode="plain", sampling=sampling))
     fast, _ = generate_tokens(target, random_heads(target), prompt, RunConfig(max_new_tokens=200, sampling=sampling))
     assert first_divergence(fast, plain) is None
+
+
+def test_split_kv_over_threads_is_lossless(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache cut into chunks for several threads (attention.py) gives the same text as generate()."""
+    from tokenswift_cli import attention
+
+    monkeypatch.setattr(attention, "SPLIT_KV_MIN", 32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        target = tiny_target("llama-gqa")
+        prompt = random_prompt(100)
+        reference = hf_greedy(target, prompt, 160)
+        plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=160, mode="plain"))
+        fast, _ = generate_tokens(target, random_heads(target), prompt, RunConfig(max_new_tokens=160))
+    finally:
+        torch.set_num_threads(threads)
+    assert first_divergence(plain, reference) is None
+    assert first_divergence(fast, plain) is None

@@ -7,6 +7,10 @@ Candidates (q > 1) use split attention (cascade): all of them attend to the comm
 *without a mask* (every candidate sees all of it), and to the small block of new tokens with the
 block mask; the two softmaxes are merged by their log-sum-exp. No `[q, L]` mask is built, and the
 long part runs in the fused CPU flash kernel. One token (q = 1) is a single unmasked call.
+
+With several CPU threads, a long cache is cut into equal chunks passed as a batch (split-KV, as in
+flash-decoding): the kernel parallelises over batch x KV heads, and 3 KV heads alone would leave
+threads idle; the chunks' partial softmaxes are merged by log-sum-exp like the two parts above.
 """
 
 from __future__ import annotations
@@ -28,6 +32,42 @@ def unpack_output(out: torch.Tensor, heads: int, q_len: int) -> torch.Tensor:
     """`[1, kv_heads, group * q, d]` -> `[1, q, heads * d]` (the layout `o_proj` expects)."""
     dim = out.shape[-1]
     return out.reshape(out.shape[0], heads, q_len, dim).transpose(1, 2).reshape(out.shape[0], q_len, heads * dim)
+
+
+# Split the cache into chunks only past this many positions, and into this many chunks per thread.
+SPLIT_KV_MIN = 4096
+SPLIT_KV_PER_THREAD = 2
+
+
+def _merge(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge partial attentions `[parts, ...rows, d]` with log-sum-exps `[parts, ...rows]` (float32)."""
+    total = torch.logsumexp(lses, dim=0)
+    weights = torch.exp(lses - total)[..., None]
+    return (outs.float() * weights).sum(dim=0), total
+
+
+def cache_attention(
+    packed: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention of packed queries `[1, kv, r, d]` over `keys`/`values` `[1, kv, L, d]`.
+
+    Returns the output and the log-sum-exp per row; split-KV over several threads for a long cache.
+    """
+    length, threads = keys.shape[2], torch.get_num_threads()
+    if threads == 1 or length < SPLIT_KV_MIN:
+        out, lse = _FLASH_CPU(packed, keys, values, scale=scaling)[:2]
+        return out, lse
+    parts = SPLIT_KV_PER_THREAD * threads
+    chunk = length // parts
+    even = parts * chunk  # positions in the equal chunks; the few left over go in one more call
+    k_chunks = keys[0, :, :even].unflatten(1, (parts, chunk)).transpose(0, 1)  # [parts, kv, chunk, d]
+    v_chunks = values[0, :, :even].unflatten(1, (parts, chunk)).transpose(0, 1)
+    outs, lses = _FLASH_CPU(packed.expand(parts, -1, -1, -1), k_chunks, v_chunks, scale=scaling)[:2]
+    if even < length:
+        rest_out, rest_lse = _FLASH_CPU(packed, keys[:, :, even:], values[:, :, even:], scale=scaling)[:2]
+        outs, lses = torch.cat([outs, rest_out]), torch.cat([lses, rest_lse])
+    out, lse = _merge(outs, lses)
+    return out[None], lse[None]
 
 
 def _block(
@@ -56,10 +96,8 @@ def split_attention(
     out_block, lse_block = _block(packed, block_keys, block_values, block_mask, scaling)
     if committed == 0:
         return out_block.to(packed.dtype)
-    out_cache, lse_cache = _FLASH_CPU(packed, keys[:, :, :committed], values[:, :, :committed], scale=scaling)
-    total = torch.logaddexp(lse_cache, lse_block)  # [1, kv, g*q]
-    merged = out_cache.float() * torch.exp(lse_cache - total)[..., None]
-    merged += out_block * torch.exp(lse_block - total)[..., None]
+    out_cache, lse_cache = cache_attention(packed, keys[:, :, :committed], values[:, :, :committed], scaling)
+    merged, _ = _merge(torch.stack([out_cache.float(), out_block]), torch.stack([lse_cache, lse_block]))
     return merged.to(packed.dtype)
 
 
@@ -97,12 +135,15 @@ def attend(
     """
     heads, q_len = query.shape[1], query.shape[2]
     packed = pack_queries(query, keys.shape[1])  # [1, kv, g*q, d]
+    use_split = _FLASH_CPU is not None and query.device.type == "cpu"
     if q_len == 1:  # one token sees everything: no mask at all
-        out = F.scaled_dot_product_attention(packed, keys, values, scale=scaling)
+        if use_split and torch.get_num_threads() > 1 and keys.shape[2] >= SPLIT_KV_MIN:
+            out = cache_attention(packed, keys, values, scaling)[0].to(packed.dtype)
+        else:
+            out = F.scaled_dot_product_attention(packed, keys, values, scale=scaling)
         return unpack_output(out, heads, 1)
     if block_mask is None:
         block_mask = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()
-    use_split = _FLASH_CPU is not None and query.device.type == "cpu"
     fn = split_attention if use_split else masked_attention
     out = fn(packed, keys, values, committed=committed, block_mask=block_mask, scaling=scaling)
     return unpack_output(out, heads, q_len)
