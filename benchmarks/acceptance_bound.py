@@ -9,6 +9,10 @@ step gives the oracle's tokens per step for each tree shape: no drafter with tha
 per verification, so TokenSwift's speedup over plain decoding is at most that number times
 (plain step time / verification step time).
 
+It also replays the n-gram table alone (no model needed): its top-k continuations of each root,
+counted over the text up to `lag` tokens back (the reference leaves out the penalty window), give
+the tokens per step an n-gram-only drafter would reach, with and without that lag.
+
     .venv/bin/python benchmarks/acceptance_bound.py RUN_DIR [--threads 1] [--max-tokens 8192]
 
 RUN_DIR is a run folder (e.g. $TOKENSWIFT_HOME/runs/run-001); it reads the tokens of its latest
@@ -29,6 +33,7 @@ from tokenswift_cli.cache import FullCache
 from tokenswift_cli.checkpoint import read_manifest
 from tokenswift_cli.config import ModelSpec, RunConfig
 from tokenswift_cli.loading import load_model
+from tokenswift_cli.ngram import NGramTable
 from tokenswift_cli.rope import apply_rope, plan_rope
 from tokenswift_cli.sampling import target_scores
 from tokenswift_cli.target import Target
@@ -79,11 +84,27 @@ def oracle_tokens_per_step(token_ranks: Sequence[int], widths: Sequence[int]) ->
     return len(token_ranks) / max(steps, 1)
 
 
+def ngram_tokens_per_step(tokens: Sequence[int], start: int, *, size: int, top_k: int, lag: int) -> float:
+    """Replay from `start` with drafts from the n-gram table only: root + longest matching continuation."""
+    table, position, steps = NGramTable(size), start, 0
+    while position < len(tokens):
+        table.update(tokens, until=position + 1 - lag)  # the root at `position` is committed
+        following = tuple(tokens[position + 1 : position + size])
+        accepted = 0
+        for path in table.top(tokens[position], top_k):
+            match = next((i for i, (a, b) in enumerate(zip(path, following, strict=False)) if a != b), None)
+            accepted = max(accepted, min(len(path), len(following)) if match is None else match)
+        position += 1 + accepted
+        steps += 1
+    return (len(tokens) - start) / max(steps, 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None, help="only the first N generated tokens")
+    parser.add_argument("--no-model", action="store_true", help="only the n-gram replay")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,15 +114,22 @@ def main() -> None:
     tokens, prefix_length = run_tokens(args.run_dir)
     if args.max_tokens:
         tokens = tokens[: prefix_length + args.max_tokens]
-    loaded = load_model(ModelSpec(**{**spec.__dict__, "rope_scaling": "none", "rope_factor": None}))
-    apply_rope(loaded.model, plan_rope(spec, loaded.model.config, len(tokens)))
-    token_ranks = ranks(Target(loaded.model), tokens, prefix_length, cfg)
-    n = len(token_ranks)
-    result = {
-        "run": str(args.run_dir), "generated_tokens": n, "sampling": settings["run_config"]["sampling"],
-        "drawn_token_rank_below": {k: sum(r < k for r in token_ranks) / n for k in (1, 2, 3, 8)},
-        "oracle_tokens_per_step": {name: oracle_tokens_per_step(token_ranks, w) for name, w in SHAPES.items()},
+    draft, window = cfg.draft, cfg.sampling.penalty_window
+    result: dict[str, object] = {
+        "run": str(args.run_dir), "generated_tokens": len(tokens) - prefix_length,
+        "sampling": settings["run_config"]["sampling"],
+        "ngram_tokens_per_step": {
+            f"top{k}, lag {lag}": ngram_tokens_per_step(tokens, prefix_length, size=draft.ngram_size, top_k=k, lag=lag)
+            for k in (1, draft.ngram_top_k or 4) for lag in (0, window)
+        },
     }  # fmt: skip
+    if not args.no_model:
+        loaded = load_model(ModelSpec(**{**spec.__dict__, "rope_scaling": "none", "rope_factor": None}))
+        apply_rope(loaded.model, plan_rope(spec, loaded.model.config, len(tokens)))
+        token_ranks = ranks(Target(loaded.model), tokens, prefix_length, cfg)
+        n = len(token_ranks)
+        result["drawn_token_rank_below"] = {k: sum(r < k for r in token_ranks) / n for k in (1, 2, 3, 8)}
+        result["oracle_tokens_per_step"] = {name: oracle_tokens_per_step(token_ranks, w) for name, w in SHAPES.items()}
     print(json.dumps(result, indent=1))
 
 
