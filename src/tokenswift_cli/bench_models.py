@@ -107,21 +107,28 @@ def prefix_tokens(request: BenchRequest, tokenizer: Any, needed: int) -> list[in
     return tokens[:needed]
 
 
-def open_model(request: BenchRequest) -> tuple[Target, DraftHeads | None, Any]:
-    """Target, heads and tokenizer for a request; --quick builds a tiny random model."""
+def open_model(request: BenchRequest) -> tuple[Target, DraftHeads | None, Any, dict[str, Any]]:
+    """Target, heads, tokenizer and rope for a request; --quick builds a tiny random model.
+
+    The rope is sized to the longest case as `tokenswift write` would size it (YaRN past the trained
+    length), so long-context cases measure the model users run; every method shares it.
+    """
     if request.quick:
         model = quick_model(request.seed)
         if request.dtype == "bfloat16":
             model = model.to(torch.bfloat16)
         heads = None if request.heads == "none" else _random_heads(model)
-        return Target(model), heads, None
+        return Target(model), heads, None, {"rope_scaling": "none"}
     from .loading import load_model
 
-    loaded = load_model(ModelSpec(name=request.model, dtype=request.dtype))  # type: ignore[arg-type]
+    longest = max(case.context + case.new_tokens for case in request.cases())
+    loaded = load_model(ModelSpec(name=request.model, dtype=request.dtype), total_tokens=longest)  # type: ignore[arg-type]
     heads = _heads(request.heads, request.model, loaded.model, loaded.fingerprint)
     if heads is not None:
         heads = heads.to(dtype=loaded.model.dtype)
-    return Target(loaded.model), heads, loaded.tokenizer
+    resolved = loaded.spec or ModelSpec(rope_scaling="none")
+    rope = {"rope_scaling": resolved.rope_scaling, "rope_factor": resolved.rope_factor}
+    return Target(loaded.model), heads, loaded.tokenizer, rope
 
 
 def _random_heads(model: Any) -> DraftHeads:
@@ -142,12 +149,12 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
     settings = request.settings()
     if request.threads:
         torch.set_num_threads(request.threads)
-    target, heads, tokenizer = open_model(request)
+    target, heads, tokenizer, rope = open_model(request)
     needed = max(c.context for c in settings.cases)
     text = prefix_tokens(request, tokenizer, needed)
     bench = Bench(target, heads, settings)
 
-    document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None,
+    document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None, "rope": rope,
                 "command": " ".join(["tokenswift", *sys.argv[1:]])}  # fmt: skip
     done: list[Result] = []
 
