@@ -14,9 +14,10 @@ from cli_helpers import one_thread
 from helpers import random_heads, random_prompt, tiny_target
 
 from tokenswift_cli import checkpoint
-from tokenswift_cli.checkpoint import Checkpointer, CheckpointError, RunLock, is_locked, read_manifest, restore
+from tokenswift_cli.checkpoint import Checkpointer, CheckpointError, read_manifest, restore
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate
+from tokenswift_cli.durable import RunLock, is_locked
 from tokenswift_cli.state import GenerationState, prefill
 from tokenswift_cli.textstream import StreamState
 

@@ -32,9 +32,9 @@ from cli_helpers import (
 from typer.testing import CliRunner
 
 from tokenswift_cli import defaults, runner
-from tokenswift_cli.checkpoint import RunLock
 from tokenswift_cli.cli import register_extensions
 from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
+from tokenswift_cli.durable import RunLock
 from tokenswift_cli.heads import DraftHeads, save_heads
 from tokenswift_cli.options import parse_tokens
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, runs
-from .checkpoint import Checkpointer, CheckpointError, RunLock, read_manifest, restore, write_atomic
+from .checkpoint import Checkpointer, CheckpointError, read_manifest, restore
 from .config import ConfigError, ModelSpec, RunConfig
+from .durable import RunLock, write_atomic
 from .render import Renderer, make_renderer
 from .rope import plan_rope
 from .run_model import RunModel, fit_rope, load_run_model, suppress_eos, unscaled

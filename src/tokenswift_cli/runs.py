@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from .checkpoint import CheckpointError, is_locked, read_manifest, write_json_atomic
+from .checkpoint import CheckpointError, read_manifest
+from .durable import is_locked, write_json_atomic
 from .paths import home_dir
 
 RunState = Literal["running", "interrupted", "done", "failed"]
