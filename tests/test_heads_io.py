@@ -3,8 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers import random_heads, tiny_target
+
 from tokenswift_cli.heads import HeadsError, load_heads, save_heads
 
 
