@@ -34,10 +34,11 @@ def test_new_variants_match_plain(sampling: SamplingConfig, draft: DraftConfig) 
         assert stats.generated == 160
 
 
-def test_verify_source_accepts_ngram_drafts_on_repetitive_text() -> None:
+@pytest.mark.parametrize("source", ["verify", "ngram"])
+def test_root_keyed_ngram_drafts_are_accepted_on_repetitive_text(source: str) -> None:
     target = tiny_target("qwen2", seed=1)
     prompt = random_prompt(12, seed=2) * 6  # the table has seen every continuation
-    cfg = RunConfig(max_new_tokens=120, draft=DraftConfig(source="verify", **SMALL))
+    cfg = RunConfig(max_new_tokens=120, draft=DraftConfig(source=source, **SMALL))  # type: ignore[arg-type]
     fast, stats = generate_tokens(target, None, prompt, cfg)
     plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=120, mode="plain"))
     assert fast == plain
@@ -47,7 +48,7 @@ def test_verify_source_accepts_ngram_drafts_on_repetitive_text() -> None:
 def test_plans_of_auto_mode() -> None:
     cfg = RunConfig(max_new_tokens=10, draft=DraftConfig(auto=True))
     plans = candidate_plans(cfg, num_heads=3)
-    assert [p.source for p in plans] == ["plain", "verify", "verify", "pass", "pass"]
+    assert [p.source for p in plans] == ["plain", "ngram", "verify", "verify", "pass", "pass"]
     assert plans[0].depth_cap == 0 and all(p.depth_cap > 0 for p in plans[1:])
     assert candidate_plans(RunConfig(max_new_tokens=10), num_heads=3) == [Plan("pass", DraftConfig())]
     assert [p.source for p in candidate_plans(RunConfig(max_new_tokens=10, mode="plain"), num_heads=3)] == ["plain"]

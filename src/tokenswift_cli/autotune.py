@@ -24,7 +24,7 @@ from .config import DraftConfig, RunConfig
 class Plan:
     """How one iteration drafts: `source` "plain" verifies the root alone (a plain decoding step)."""
 
-    source: str  # "plain", "pass" or "verify"
+    source: str  # "plain", "pass", "verify" or "ngram"
     draft: DraftConfig
 
     @property
@@ -32,18 +32,22 @@ class Plan:
         """The deepest draft the plan allows (the paper's K + 1 slots of alpha)."""
         if self.source == "plain":
             return 0
+        if self.source == "ngram":
+            return self.draft.ngram_size - 1 if self.draft.ngram_top_k else 0
         return max(len(self.draft.tree), self.draft.ngram_size if self.draft.ngram_top_k else 0)
 
     @property
     def name(self) -> str:
         if self.source == "plain":
             return "plain"
+        if self.source == "ngram":
+            return f"ngram{self.draft.ngram_top_k or 0}"
         tree = ",".join(map(str, self.draft.tree))
         return f"{self.source}[{tree}]+ngram{self.draft.ngram_top_k or 0}"
 
 
 def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
-    """The configured plan, or with `auto`: plain, and small and full drafts of both sources."""
+    """The configured plan, or with `auto`: plain steps, n-grams alone, and small and full drafts of both sources."""
     draft = cfg.draft
     if cfg.mode == "plain":
         return [Plan("plain", draft)]
@@ -54,7 +58,8 @@ def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
     full = dataclasses.replace(draft, ngram_top_k=full_k)
     verify_small = dataclasses.replace(draft, tree=(1,) * max(num_heads, 1), ngram_top_k=1)
     verify_full = dataclasses.replace(draft, tree=draft.tree[1:] or (1,), ngram_top_k=full_k)
-    plans = [Plan("plain", draft), Plan("verify", verify_small), Plan("verify", verify_full)]
+    ngram_only = dataclasses.replace(draft, ngram_top_k=1)  # the cheapest draft: prompt lookup's
+    plans = [Plan("plain", draft), Plan("ngram", ngram_only), Plan("verify", verify_small), Plan("verify", verify_full)]
     return plans + [Plan("pass", small), Plan("pass", full)]
 
 

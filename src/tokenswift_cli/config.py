@@ -13,10 +13,11 @@ from typing import Any, Literal, cast
 SCHEMA_VERSION = 1
 
 Mode = Literal["tokenswift", "plain"]
-DraftSource = Literal["pass", "verify"]
+DraftSource = Literal["pass", "verify", "ngram"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
-DRAFT_CHOICES = ("auto", "pass", "verify")
+DRAFT_SOURCES = ("pass", "verify", "ngram")
+DRAFT_CHOICES = ("auto", *DRAFT_SOURCES)
 
 
 class ConfigError(ValueError):
@@ -70,7 +71,8 @@ class DraftConfig:
     i+1 the top-w of head i; all combinations are candidates. Levels beyond the number of heads are
     dropped. `partial_budget` None drafts on the full cache.
     `source` "pass" drafts with a forward of the root on the partial cache (the paper), "verify" from
-    the verification pass's hidden state (Medusa-style, no extra forward; see draft.py). `auto` lets
+    the verification pass's hidden state (Medusa-style, no extra forward; see draft.py), "ngram" from
+    the n-gram table alone (the root's continuations, as prompt lookup does: no heads). `auto` lets
     autotune.py pick per iteration, from measured tokens/s, among plain steps and smaller and larger
     drafts of both sources; every choice writes the same text.
     """
@@ -86,9 +88,10 @@ class DraftConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tree", tuple(int(w) for w in self.tree))
-        _check(self.source in ("pass", "verify"), f"unknown draft source {self.source!r}: use pass or verify")
+        _check(self.source in DRAFT_SOURCES, f"unknown draft source {self.source!r}: use pass, verify or ngram")
         _check(len(self.tree) >= 1 and all(w >= 1 for w in self.tree), "tree widths must be >= 1, e.g. 1,3,3,3")
         _check(self.ngram_top_k is None or self.ngram_top_k >= 1, "n-gram top-k must be >= 1")
+        _check(self.source != "ngram" or self.ngram_top_k is not None, "drafting from n-grams needs --ngram-top-k >= 1")
         _check(self.ngram_size >= 2, "n-gram size must be >= 2")
         _check(self.sink_tokens >= 0, "sink tokens must be >= 0")
         _check(self.recent_window >= 2, "recent window must be >= 2")

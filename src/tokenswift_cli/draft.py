@@ -7,7 +7,9 @@ candidates extend each level-1 token with the continuations the text so far repe
 The Medusa-style variant (`DraftConfig.source == "verify"`) skips the draft pass: the heads read
 the pre-norm state that the verification pass already computed for the last accepted node (whose
 own logits drew the root), so head i proposes depth i below the root; n-grams continue the root.
-On a CPU the draft pass costs about as much as a plain step, which this variant saves.
+On a CPU the draft pass costs about as much as a plain step, which this variant saves. The
+"ngram" variant drafts from the n-gram table alone (prompt lookup in TokenSwift's loop): no heads,
+whose vocabulary-wide logits cost a CPU more than a short draft gains when the text repeats itself.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ def propose(
     kwargs = {"history": state.tokens, "cfg": plan.draft, "sampling": sampling}
     if plan.source == "plain":
         return None
+    if plan.source == "ngram":
+        return Drafts(levels=(), ngram_key="root")
     if plan.source == "verify":
         return draft_from_verify(target, heads, state.root, leaf, **kwargs)  # type: ignore[arg-type]
     return draft(target, heads, state.root, state.draft_cache(), **kwargs)  # type: ignore[arg-type]

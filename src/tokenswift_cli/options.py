@@ -141,7 +141,8 @@ DraftOpt = Annotated[
     str,
     typer.Option(
         "--draft", help="auto (plan tuned from measured speed, never much slower than plain), pass (the paper's "
-        "draft forward) or verify (drafts from the verification pass).", rich_help_panel=_ACCEL,
+        "draft forward), verify (drafts from the verification pass) or ngram (the n-gram table alone).",
+        rich_help_panel=_ACCEL,
     ),
 ]  # fmt: skip
 PartialBudgetOpt = Annotated[
