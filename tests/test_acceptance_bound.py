@@ -19,7 +19,7 @@ def test_oracle_replay_counts_root_plus_covered_positions() -> None:
     ranks = [0, 0, 0, 7, 0, 2, 0, 0]
     assert bound.oracle_tokens_per_step(ranks, (1,)) == pytest.approx(8 / 5)  # steps at 0, 2, 3, 5, 7
     assert bound.oracle_tokens_per_step(ranks, (1, 1, 1)) == pytest.approx(8 / 3)  # 0-2, 3-4, 5-7
-    assert bound.oracle_tokens_per_step(ranks, (3, 3, 3)) == pytest.approx(8 / 3)  # 0-2, 3-5, 6-7
+    assert bound.oracle_tokens_per_step(ranks, (3, 3, 3)) == pytest.approx(8 / 3)  # 0-2, 3-6, 7
     assert bound.oracle_tokens_per_step([5] * 6, (8, 8)) == pytest.approx(3.0)
     assert bound.oracle_tokens_per_step([5] * 6, ()) == pytest.approx(1.0)  # no drafts: plain decoding
 
