@@ -78,7 +78,8 @@ class Tuner:
     """Chooses the plan of each iteration and learns from the measured tokens and seconds.
 
     Each round begins with probes: `probe` iterations of every plan (half as many in the first
-    round, which short runs cannot afford), one for a plan that ran at under `keep` x the best rate.
+    round, which short runs cannot afford), one for a plan that ran at under `keep` x the best rate:
+    every probe of a slower plan costs time, and most plans stay slower for the whole run.
     """
 
     def __init__(
@@ -89,7 +90,7 @@ class Tuner:
         period: int = 128,
         max_period: int = 1024,
         decay: float = 0.97,
-        keep: float = 0.5,
+        keep: float = 0.85,
     ) -> None:
         self.arms = [_Arm(p) for p in plans]
         self.probe, self.period, self.max_period, self.decay, self.keep = probe, period, max_period, decay, keep
