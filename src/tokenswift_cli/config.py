@@ -73,8 +73,8 @@ class DraftConfig:
     `source` "pass" drafts with a forward of the root on the partial cache (the paper), "verify" from
     the verification pass's hidden state (Medusa-style, no extra forward; see draft.py), "ngram" from
     the n-gram table alone (the root's continuations, as prompt lookup does: no heads). `auto` lets
-    autotune.py pick per iteration, from measured tokens/s, among plain steps and smaller and larger
-    drafts of both sources; every choice writes the same text.
+    autotune.py pick per iteration, from measured tokens/s, among plain steps, n-grams alone, and
+    smaller and larger drafts of both sources; every choice writes the same text.
     """
 
     tree: tuple[int, ...] = (1, 3, 3, 3)
