@@ -137,7 +137,7 @@ def attend(
     packed = pack_queries(query, keys.shape[1])  # [1, kv, g*q, d]
     use_split = _FLASH_CPU is not None and query.device.type == "cpu"
     if q_len == 1:  # one token sees everything: no mask at all
-        if use_split and torch.get_num_threads() > 1 and keys.shape[2] >= SPLIT_KV_MIN:
+        if use_split:
             out = cache_attention(packed, keys, values, scaling)[0].to(packed.dtype)
         else:
             out = F.scaled_dot_product_attention(packed, keys, values, scale=scaling)

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from .bench import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
-from .config import ConfigError, DraftConfig, ModelSpec
-from .heads import DraftHeads, load_heads
+from .config import DraftConfig, ModelSpec
+from .heads import DraftHeads, load_heads, shipped_heads
 from .target import Target
 
 DEFAULT_PREFIX = Path(__file__).resolve().parents[3] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
@@ -58,10 +58,7 @@ class BenchRequest:
             changes["ngram_top_k"] = self.ngram_top_k or None
         if self.quick:
             changes.update(partial_budget=64, sink_tokens=4, recent_window=16)
-        try:
-            draft = dataclasses.replace(draft, **changes).drafting(self.draft)
-        except ConfigError as error:
-            raise ValueError(str(error)) from None
+        draft = dataclasses.replace(draft, **changes).drafting(self.draft)  # a ConfigError is a ValueError
         return BenchSettings(self.cases(), self.methods, sampling, draft, self.repeats)
 
 
@@ -85,9 +82,7 @@ def _heads(choice: str, model_name: str, model: Any, fingerprint: str | None) ->
     if choice == "none":
         return None
     if choice == "default":
-        from . import heads as heads_module
-
-        shipped = getattr(heads_module, "shipped_heads", lambda name: None)(model_name)
+        shipped = shipped_heads(model_name)
         return load_heads(shipped, model.config, fingerprint=fingerprint) if shipped else None
     return load_heads(Path(choice), model.config, fingerprint=fingerprint)
 

@@ -102,7 +102,7 @@ class DraftConfig:
             )
 
     def drafting(self, choice: str) -> DraftConfig:
-        """This config with drafting `choice`: "auto" (tuned per iteration), "pass" or "verify" (fixed)."""
+        """This config with drafting `choice`: "auto" (tuned per iteration) or a fixed source (DRAFT_SOURCES)."""
         _check(choice in DRAFT_CHOICES, f"unknown drafting {choice!r}: use {', '.join(DRAFT_CHOICES)}")
         source = cast(DraftSource, "pass" if choice == "auto" else choice)
         return dataclasses.replace(self, auto=choice == "auto", source=source)

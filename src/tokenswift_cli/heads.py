@@ -22,8 +22,7 @@ from torch import nn
 from .paths import home_dir
 
 if TYPE_CHECKING:
-    from .paths import home_dir
-from .loading import LoadedModel
+    from .loading import LoadedModel
 
 
 class HeadBlock(nn.Module):
