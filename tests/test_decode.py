@@ -141,3 +141,21 @@ def test_split_kv_over_threads_is_lossless(monkeypatch: pytest.MonkeyPatch) -> N
         torch.set_num_threads(threads)
     assert first_divergence(plain, reference) is None
     assert first_divergence(fast, plain) is None
+
+
+def test_the_draft_pass_on_the_partial_cache_sits_at_the_texts_position() -> None:
+    """The partial cache holds fewer positions than the text: the root must still be rotated at n."""
+    from tokenswift_cli.autotune import Plan
+    from tokenswift_cli.draft import propose
+
+    target = tiny_target("llama-gqa")
+    cfg = RunConfig(max_new_tokens=8, draft=SMALL_PARTIAL)
+    state = prefill(target, random_prompt(150), cfg)
+    assert state.draft_cache() is state.partial and state.partial.length < len(state.tokens)
+    seen: list[list[int]] = []
+    hook = target.decoder.rotary_emb.register_forward_hook(lambda m, args, out: seen.append(args[1][0].tolist()))
+    try:
+        propose(target, random_heads(target), state, Plan("pass", SMALL_PARTIAL), leaf=None, sampling=cfg.sampling)
+    finally:
+        hook.remove()
+    assert seen == [[len(state.tokens)]]

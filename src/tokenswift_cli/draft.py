@@ -84,8 +84,8 @@ def draft(
     cfg: DraftConfig,
     sampling: SamplingConfig,
 ) -> Drafts:
-    """One forward of `root` on `cache`; the cache's committed length is left unchanged."""
-    forward = target.forward(torch.tensor([root]), cache)
+    """One forward of `root` (at position `len(history)`) on `cache`; its committed length is unchanged."""
+    forward = target.forward(torch.tensor([root]), cache, start=len(history))
     depth = min(len(cfg.tree), 1 + (heads.num_heads if heads is not None else 0))
     states = [forward.hidden[0]]  # [hidden]
     if depth > 1:

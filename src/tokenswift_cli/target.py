@@ -125,14 +125,17 @@ class Target:
         depths: torch.Tensor | None = None,
         block_mask: torch.Tensor | None = None,
         capture: QueryCapture | None = None,
+        start: int | None = None,
     ) -> Forward:
         """Run `tokens` `[q]` after the committed positions of `cache`.
 
-        Token i sits at position `cache.length + depths[i]` (default: consecutive) and sees every
+        Token i sits at position `start + depths[i]` (default: consecutive after `cache.length`; the
+        partial cache holds fewer positions than the text it drafts for) and sees every
         committed position plus the new tokens allowed by `block_mask` `[q, q]` (default: causal).
         The new keys/values are written after the committed ones; `cache.length` does not move.
         """
-        q_len, start = tokens.shape[0], cache.length
+        q_len = tokens.shape[0]
+        start = cache.length if start is None else start
         if depths is None:
             depths = torch.arange(q_len)
         positions = (depths + start).to(self.device)[None]  # [1, q]
@@ -142,7 +145,7 @@ class Target:
         if q_len > 1:
             if block_mask is None:
                 block_mask = torch.ones(q_len, q_len, dtype=torch.bool).tril()
-            visible = torch.ones(q_len, start, dtype=torch.bool)
+            visible = torch.ones(q_len, cache.length, dtype=torch.bool)
             mask = torch.cat([visible, block_mask.cpu()], dim=1)[None, None].to(self.device)  # [1, 1, q, L + q]
         out = self.decoder(
             input_ids=tokens.to(self.device)[None],
