@@ -147,3 +147,76 @@ def attend(
     fn = split_attention if use_split else masked_attention
     out = fn(packed, keys, values, committed=committed, block_mask=block_mask, scaling=scaling)
     return unpack_output(out, heads, q_len)
+
+
+def window_attention(
+    query: torch.Tensor,
+    sink_query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    positions: torch.Tensor,
+    committed: int,
+    first_recent: int,
+    sinks: int,
+    size: int,
+    block_mask: torch.Tensor | None,
+    scaling: float,
+) -> torch.Tensor:
+    """Attention `[1, q, heads * d]` under a context window (see `config.ContextWindow`).
+
+    `keys`/`values` `[1, kv, stored + q, d]` hold the sinks, the recent positions
+    `[first_recent, committed)`, then the q new tokens at `positions` `[q]`. Row i sees the sinks
+    through `sink_query` (rotated as if the sinks sat just before its window), the recent positions
+    after `positions[i] - size`, and the new tokens `block_mask` allows. The recent positions every
+    row sees go through the unmasked fast path; the sinks, the few positions only some rows still
+    see, and the new block make one small masked part in float32; the two merge by log-sum-exp.
+    """
+    heads, q_len = query.shape[1], query.shape[2]
+    kv = keys.shape[1]
+    stored = sinks + committed - first_recent
+    if block_mask is None:
+        block_mask = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()
+    lowest = positions - size + 1  # [q]: the earliest recent position each row sees
+    shared_from = max(first_recent, int(lowest.max()))  # every row sees [shared_from, committed)
+    edge_from = max(first_recent, int(lowest.min()))
+    assert edge_from >= first_recent, "a position the window still needs was dropped"
+    edge_positions = torch.arange(edge_from, shared_from, device=query.device)  # [e]
+    edge = slice(sinks + edge_from - first_recent, sinks + shared_from - first_recent)
+    visible = torch.cat(
+        [
+            (torch.arange(sinks, device=query.device)[None] <= positions[:, None]),  # sinks: all but the future
+            edge_positions[None] >= lowest[:, None],
+            block_mask.to(query.device),
+        ],
+        dim=1,
+    )  # [q, sinks + e + q]
+    group = heads // kv
+    rows = visible.repeat(group, 1)  # [g*q, sinks + e + q]
+    packed, packed_sinks = pack_queries(query, kv).float(), pack_queries(sink_query, kv).float()
+    small_keys = torch.cat([keys[:, :, edge], keys[:, :, stored:]], dim=2).float()
+    small_values = torch.cat([values[:, :, :sinks], values[:, :, edge], values[:, :, stored:]], dim=2).float()
+    scores = torch.cat(
+        [packed_sinks @ keys[:, :, :sinks].float().transpose(-1, -2), packed @ small_keys.transpose(-1, -2)], dim=-1
+    ) * scaling  # [1, kv, g*q, sinks + e + q]
+    scores = scores.masked_fill(~rows, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.exp(scores - lse[..., None]) @ small_values  # [1, kv, g*q, d]
+    shared = slice(sinks + shared_from - first_recent, stored)
+    if shared.stop > shared.start:
+        packed_native = pack_queries(query, kv)
+        if _FLASH_CPU is not None and query.device.type == "cpu":
+            out_shared, lse_shared = cache_attention(packed_native, keys[:, :, shared], values[:, :, shared], scaling)
+        else:
+            out_shared, lse_shared = _attention_with_lse(packed_native, keys[:, :, shared], values[:, :, shared], scaling)
+        out, _ = _merge(torch.stack([out_shared.float(), out]), torch.stack([lse_shared.float(), lse]))
+    return unpack_output(out.to(query.dtype), heads, q_len)
+
+
+def _attention_with_lse(
+    packed: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention and its log-sum-exp per row, with public ops (devices without the CPU kernel)."""
+    scores = (packed.float() @ keys.float().transpose(-1, -2)) * scaling
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.exp(scores - lse[..., None]) @ values.float(), lse

@@ -4,6 +4,10 @@ Both are `transformers` `Cache` objects made of preallocated layers, so the stoc
 them through its public `past_key_values` argument. A forward writes its new keys/values *after* the
 committed length without advancing it: the caller decides what to keep (`FullCache.commit`).
 Keys are stored after RoPE, so a copied key keeps its original position.
+
+With a context window (`ContextWindow`) the full cache holds the sinks and the recent positions
+only: positions that no later token can see are dropped (`FullCache.evict`), in amortised chunks.
+`length` always counts positions of the text; `stored` counts the rows held.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .config import ContextWindow
+
 
 class PreallocatedLayer(CacheLayerMixin):
     """One layer's keys and values in buffers `[1, kv_heads, capacity, head_dim]`, grown geometrically."""
@@ -21,6 +27,12 @@ class PreallocatedLayer(CacheLayerMixin):
         super().__init__()
         self.capacity = capacity
         self.length = 0  # committed positions
+        self.dropped = 0  # positions evicted after the sinks (context window only)
+
+    @property
+    def stored(self) -> int:
+        """Committed positions held in the buffers."""
+        return self.length - self.dropped
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, dim = key_states.shape
@@ -38,23 +50,24 @@ class PreallocatedLayer(CacheLayerMixin):
             keys, values = self.keys, self.values
             self.keys = keys.new_empty((*keys.shape[:2], self.capacity, keys.shape[-1]))
             self.values = values.new_empty((*values.shape[:2], self.capacity, values.shape[-1]))
-            self.keys[:, :, : self.length].copy_(keys[:, :, : self.length])
-            self.values[:, :, : self.length].copy_(values[:, :, : self.length])
+            self.keys[:, :, : self.stored].copy_(keys[:, :, : self.stored])
+            self.values[:, :, : self.stored].copy_(values[:, :, : self.stored])
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
+        start = self.stored
+        end = start + key_states.shape[-2]
         self.reserve(end)
         assert self.keys is not None and self.values is not None
-        self.keys[:, :, self.length : end].copy_(key_states)
-        self.values[:, :, self.length : end].copy_(value_states)
+        self.keys[:, :, start:end].copy_(key_states)
+        self.values[:, :, start:end].copy_(value_states)
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def get_mask_sizes(self, query_length: int, *args: object) -> tuple[int, int]:
-        return self.length + query_length, 0
+        return self.stored + query_length, 0
 
     def get_seq_length(self) -> int:
         return self.length
@@ -63,9 +76,9 @@ class PreallocatedLayer(CacheLayerMixin):
         return -1
 
     def committed(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views `[1, kv_heads, length, head_dim]` of the committed keys and values."""
+        """Views `[1, kv_heads, stored, head_dim]` of the committed keys and values held."""
         assert self.keys is not None and self.values is not None
-        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+        return self.keys[:, :, : self.stored], self.values[:, :, : self.stored]
 
 
 class _PreallocatedCache(Cache):
@@ -90,7 +103,57 @@ class _PreallocatedCache(Cache):
 
 
 class FullCache(_PreallocatedCache):
-    """Keys/values of every committed position, plus room for one forward's tentative positions."""
+    """Keys/values of every committed position (or, with a `window`, of every position still visible),
+    plus room for one forward's tentative positions."""
+
+    def __init__(self, num_layers: int, capacity: int, window: ContextWindow | None = None) -> None:
+        super().__init__(num_layers, capacity)
+        self.window = window
+
+    @property
+    def dropped(self) -> int:
+        return self.layer_list[0].dropped
+
+    @property
+    def first_recent(self) -> int:
+        """The earliest position held after the sinks (the sinks' end when nothing was dropped)."""
+        sinks = self.window.sinks if self.window is not None else 0
+        return min(sinks, self.length) + self.dropped
+
+    def held(self) -> list[tuple[int, int]]:
+        """The ranges `[start, end)` of positions held, in order."""
+        if self.dropped == 0:
+            return [(0, self.length)] if self.length else []
+        assert self.window is not None
+        return [(0, self.window.sinks), (self.first_recent, self.length)]
+
+    def evict(self, *, slack: int | None = None) -> None:
+        """Drop the positions that neither the next token nor any later one can see (window only).
+
+        Waits until `slack` (default: a quarter of the window) positions can go, so that the copy of
+        the window it costs is amortised over many steps.
+        """
+        window = self.window
+        if window is None:
+            return
+        slack = max(1, window.size // 4) if slack is None else slack
+        keep_from = self.length - window.size + 1  # the next token, at position `length`, sees from here
+        drop = keep_from - self.first_recent
+        if self.length <= window.sinks or drop < slack:
+            return
+        for layer in self.layer_list:
+            assert layer.keys is not None and layer.values is not None
+            start, end = window.sinks + drop, layer.stored
+            kept = end - start
+            layer.keys[:, :, window.sinks : window.sinks + kept] = layer.keys[:, :, start:end].clone()
+            layer.values[:, :, window.sinks : window.sinks + kept] = layer.values[:, :, start:end].clone()
+            layer.dropped += drop
+
+    def skip_to(self, position: int) -> None:
+        """Drop every held position after the sinks and continue at `position` (restoring a window)."""
+        assert self.window is not None and self.length >= self.window.sinks and position >= self.length
+        for layer in self.layer_list:
+            layer.dropped, layer.length = position - self.window.sinks, position
 
     def commit(self, kept: Sequence[int]) -> None:
         """Keep the tentative positions `kept` (offsets after the committed length, ascending).
@@ -102,16 +165,21 @@ class FullCache(_PreallocatedCache):
         if list(kept) != list(range(count)):
             for layer in self.layer_list:
                 assert layer.keys is not None and layer.values is not None
-                index = torch.tensor(kept, device=layer.keys.device) + layer.length  # [count]
-                layer.keys[:, :, layer.length : layer.length + count] = layer.keys.index_select(2, index)
-                layer.values[:, :, layer.length : layer.length + count] = layer.values.index_select(2, index)
+                stored = layer.stored
+                index = torch.tensor(kept, device=layer.keys.device) + stored  # [count]
+                layer.keys[:, :, stored : stored + count] = layer.keys.index_select(2, index)
+                layer.values[:, :, stored : stored + count] = layer.values.index_select(2, index)
         for layer in self.layer_list:
             layer.length += count
 
     def segment(self, layer_idx: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Committed keys and values of positions `[start, end)` of one layer."""
+        """Committed keys and values of positions `[start, end)` of one layer (within one held range)."""
         layer = self.layer_list[layer_idx]
         assert layer.keys is not None and layer.values is not None and end <= layer.length
+        if start >= self.first_recent:
+            start, end = start - layer.dropped, end - layer.dropped
+        else:
+            assert layer.dropped == 0 or end <= self.first_recent - layer.dropped, "positions were dropped"
         return layer.keys[:, :, start:end], layer.values[:, :, start:end]
 
     def load_segment(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:

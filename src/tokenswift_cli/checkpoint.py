@@ -99,7 +99,7 @@ class Checkpointer:
 
     @property
     def saved_length(self) -> int:
-        """Full-cache positions covered by the saved KV segments."""
+        """Full-cache positions covered by the saved KV segments (up to the last one's end)."""
         kv = [e for e in (self.manifest or {}).get("files", []) if e["kind"] == "kv"]
         return max((e["end"] for e in kv), default=0)
 
@@ -112,9 +112,12 @@ class Checkpointer:
         files = [e for e in (self.manifest or {}).get("files", []) if e["kind"] == "kv"]
         written: list[Path] = []
         try:
-            start, end = self.saved_length, state.full.length
-            if end > start:
-                path = self.folder / f"kv-{seq:06d}.safetensors"
+            # Positions a context window dropped before they were saved are never needed again.
+            for part, (held_start, end) in enumerate(state.full.held()):
+                start = max(held_start, self.saved_length)
+                if end <= start:
+                    continue
+                path = self.folder / f"kv-{seq:06d}-{part}.safetensors"
                 tensors = {}
                 for i in range(len(state.full.layer_list)):
                     keys, values = state.full.segment(i, start, end)
@@ -219,7 +222,7 @@ def restore(
     from .cache import FullCache, PartialCache
     from .metrics import Stats
     from .ngram import NGramTable
-    from .state import TREE_HEADROOM, GenerationState
+    from .state import TREE_HEADROOM, GenerationState, full_capacity, uses_partial_cache
 
     folder, info = run_dir / FOLDER, manifest["state"]
     kv = manifest["kv"]
@@ -232,20 +235,30 @@ def restore(
     saved = load(_read_verified(folder, state_entry))
     tokens = saved["tokens"].tolist()
     prefix_length = info["prefix_length"]
-    capacity = max(prefix_length + cfg.max_new_tokens, len(tokens)) + TREE_HEADROOM
-    full = FullCache(num_layers, capacity=capacity)
+    capacity = max(full_capacity(cfg, prefix_length), len(tokens) + TREE_HEADROOM if cfg.window is None else 0)
+    full = FullCache(num_layers, capacity=capacity, window=cfg.window)
+    # With a context window only the sinks and the positions the next token sees are loaded.
+    needed_from = len(tokens) - cfg.window.size + 1 if cfg.window is not None else 0
     for entry in entries:
+        window = cfg.window
+        if window is not None and full.length >= window.sinks and entry["end"] <= needed_from:
+            continue
+        if entry["start"] > full.length and window is not None and window.sinks <= full.length:
+            full.skip_to(entry["start"])
         if entry["start"] != full.length:
             raise CheckpointError(f"the KV segments of {run_dir.name} are not contiguous at {entry['name']}")
         tensors = load(_read_verified(folder, entry))
         for i in range(num_layers):
             full.load_segment(i, tensors[f"keys.{i}"][None].to(device), tensors[f"values.{i}"][None].to(device))
+        full.evict()
+    if cfg.window is not None and full.first_recent > max(needed_from, cfg.window.sinks):
+        raise CheckpointError(f"the checkpoint of {run_dir.name} lacks keys/values its context window needs")
     if full.length != len(tokens) or len(tokens) != info["tokens"]:
         raise CheckpointError(
             f"the checkpoint of {run_dir.name} is inconsistent ({full.length} cached, {len(tokens)} tokens)"
         )
     partial, draft = None, cfg.draft
-    if cfg.mode == "tokenswift" and draft.partial_budget is not None:
+    if uses_partial_cache(cfg):
         partial = PartialCache(
             num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window
         )

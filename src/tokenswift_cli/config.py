@@ -109,8 +109,31 @@ class DraftConfig:
 
 
 @dataclass(frozen=True)
+class ContextWindow:
+    """Attention to the first `sinks` positions and the last `size` ones only (StreamingLLM).
+
+    A token at position p sees positions p - size < j <= p and the sinks; the sinks are seen as if
+    they sat just before the window (RoPE is relative: their distance never exceeds sinks + size),
+    so no distance ever exceeds what the model was trained on and the cost per token stops growing.
+    Part of the target model: plain and accelerated decoding apply the same one.
+    """
+
+    size: int
+    sinks: int = 4
+
+    def __post_init__(self) -> None:
+        _check(self.size >= 16, "the context window must hold at least 16 tokens")
+        _check(self.sinks >= 1, "a context window needs at least 1 sink token")
+
+    @property
+    def span(self) -> int:
+        """The farthest distance a query looks back, plus one: the positions the model must support."""
+        return self.sinks + self.size
+
+
+@dataclass(frozen=True)
 class RunConfig:
-    """One generation: how many tokens, how (mode), and the two configs above."""
+    """One generation: how many tokens, how (mode), the configs above, and the attention window."""
 
     max_new_tokens: int
     mode: Mode = "tokenswift"
@@ -118,6 +141,7 @@ class RunConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
     prefill_chunk: int = 512
+    window: ContextWindow | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "the number of tokens to write must be >= 1")
@@ -134,7 +158,8 @@ class RunConfig:
         _check(version == SCHEMA_VERSION, f"settings schema {version} is not supported (expected {SCHEMA_VERSION})")
         sampling = SamplingConfig(**data.pop("sampling"))
         draft = DraftConfig(**data.pop("draft"))
-        return cls(sampling=sampling, draft=draft, **data)
+        window = data.pop("window", None)
+        return cls(sampling=sampling, draft=draft, window=ContextWindow(**window) if window else None, **data)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -118,7 +118,7 @@ def _kv_bytes(state: GenerationState) -> int:
     keys = layers[0].keys
     if keys is None:
         return 0
-    return 2 * len(layers) * keys.shape[1] * keys.shape[-1] * keys.element_size() * state.full.length
+    return 2 * len(layers) * keys.shape[1] * keys.shape[-1] * keys.element_size() * state.full.layer_list[0].stored
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import FullCache, PartialCache, _PreallocatedCache
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .metrics import Stats
 from .ngram import NGramTable
 from .sampling import choose
@@ -52,6 +52,7 @@ class GenerationState:
         start = len(self.tokens)
         new = [self.root, *accepted.tokens]
         self.full.commit([0, *accepted.nodes])
+        self.full.evict()
         self.tokens += new
         self.root = accepted.next_root
         self._refresh_partial(queries, cfg, start)
@@ -76,12 +77,28 @@ class GenerationState:
             partial.append(self.full, start, self.full.length)
 
 
+def full_capacity(cfg: RunConfig, prefix_length: int) -> int:
+    """Rows the full cache needs: the whole text, or with a context window what it holds at most."""
+    needed = prefix_length + cfg.max_new_tokens + TREE_HEADROOM
+    if cfg.window is None:
+        return needed
+    held = cfg.window.sinks + cfg.window.size + cfg.window.size // 4 + cfg.prefill_chunk + TREE_HEADROOM
+    return min(needed, held)
+
+
+def uses_partial_cache(cfg: RunConfig) -> bool:
+    """A context window bounds the draft pass's cost already: it drafts on the (windowed) full cache."""
+    return cfg.mode == "tokenswift" and cfg.draft.partial_budget is not None and cfg.window is None
+
+
 def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> GenerationState:
     """Process the prompt in chunks, then draw the first generated token (the first root)."""
     if not prompt:
         raise ValueError("the prefix must hold at least one token")
     tokens = [int(t) for t in prompt]
-    full = FullCache(target.num_layers, capacity=len(tokens) + cfg.max_new_tokens + TREE_HEADROOM)
+    if cfg.window is not None and not target.lean:
+        raise ConfigError("a context window needs a llama, qwen2 or mistral model with full attention")
+    full = FullCache(target.num_layers, capacity=full_capacity(cfg, len(tokens)), window=cfg.window)
     stats = Stats()
     capture = QueryCapture(row=-1)
     with stats.phase("prefill", target.device):
@@ -89,11 +106,12 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
             chunk = torch.tensor(tokens[start : start + cfg.prefill_chunk])
             forward = target.forward(chunk, full, capture=capture)
             full.commit(range(chunk.shape[0]))
+            full.evict()
         logits = target.logits(forward.hidden[-1])
     context = torch.tensor(tokens[-cfg.sampling.penalty_window :])
     root = choose(logits, context, len(tokens), cfg.sampling)
     partial = None
-    if cfg.mode == "tokenswift" and cfg.draft.partial_budget is not None:
+    if uses_partial_cache(cfg):
         draft = cfg.draft
         partial = PartialCache(
             target.num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window

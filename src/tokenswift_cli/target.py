@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotate_half
 
-from .attention import attend
-from .cache import PreallocatedLayer, _PreallocatedCache
+from .attention import attend, window_attention
+from .cache import FullCache, PreallocatedLayer, _PreallocatedCache
 
 ATTENTION_NAME = "tokenswift"
 
@@ -170,8 +170,15 @@ class Target:
         """The decoder's computation through its own modules, without masks or cache bookkeeping."""
         x = self.decoder.embed_tokens(tokens[None])  # [1, q, hidden]
         cos, sin = self.decoder.rotary_emb(x, positions)
+        window = cache.window if isinstance(cache, FullCache) else None
+        windowed = None
+        if window is not None and int(positions.max()) >= window.span:  # some row no longer sees everything
+            sink_cos, sink_sin = self.decoder.rotary_emb(x, positions.clamp(max=window.span - 1))
+            windowed = _Windowed(cache, positions[0], sink_cos[:, None], sink_sin[:, None])
         for index, layer in enumerate(self.decoder.layers):
-            x = self._lean_layer(layer, x, (cos, sin), cache.layer_list[index], block_mask=block_mask, capture=capture)
+            x = self._lean_layer(
+                layer, x, (cos, sin), cache.layer_list[index], block_mask=block_mask, capture=capture, windowed=windowed
+            )
         return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
 
     def _lean_layer(
@@ -183,6 +190,7 @@ class Target:
         *,
         block_mask: torch.Tensor | None,
         capture: QueryCapture | None,
+        windowed: _Windowed | None,
     ) -> torch.Tensor:
         """One decoder layer (pre-norm attention + MLP), as the family's own `forward` computes it."""
         attn = layer.self_attn
@@ -191,12 +199,16 @@ class Target:
         query = attn.q_proj(hidden).view(shape).transpose(1, 2)  # [1, heads, q, d]
         key = attn.k_proj(hidden).view(shape).transpose(1, 2)  # [1, kv_heads, q, d]
         value = attn.v_proj(hidden).view(shape).transpose(1, 2)
+        raw_query = query
         query, key = apply_rotary_pos_emb(query, key, *rotary)
         if capture is not None:
             capture.queries[attn.layer_idx] = query[0, :, capture.row]  # [heads, d]
-        committed = cache.length
+        committed = cache.stored
         keys, values = cache.update(key, value)  # [1, kv_heads, committed + q, d]
-        out = attend(query, keys, values, committed=committed, block_mask=block_mask, scaling=attn.scaling)
+        if windowed is None:
+            out = attend(query, keys, values, committed=committed, block_mask=block_mask, scaling=attn.scaling)
+        else:
+            out = windowed.attend(raw_query, query, keys, values, block_mask=block_mask, scaling=attn.scaling)
         x = x + attn.o_proj(out)
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
@@ -204,3 +216,32 @@ class Target:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits `[..., vocab]` in float32 from post-norm hidden states `[..., hidden]`."""
         return self.lm_head(hidden.to(self.lm_head.weight.device)).float()
+
+
+@dataclass(frozen=True)
+class _Windowed:
+    """What a forward under a context window needs besides the normal rotation: the sinks' rotation."""
+
+    cache: FullCache
+    positions: torch.Tensor  # [q]
+    sink_cos: torch.Tensor  # [1, 1, q, d]: rotation at min(position, window span - 1)
+    sink_sin: torch.Tensor
+
+    def attend(
+        self,
+        raw_query: torch.Tensor,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        block_mask: torch.Tensor | None,
+        scaling: float,
+    ) -> torch.Tensor:
+        window = self.cache.window
+        assert window is not None
+        sink_query = raw_query * self.sink_cos + rotate_half(raw_query) * self.sink_sin
+        return window_attention(
+            query, sink_query, keys, values, positions=self.positions, committed=self.cache.length,
+            first_recent=self.cache.first_recent, sinks=window.sinks, size=window.size,
+            block_mask=block_mask, scaling=scaling,
+        )  # fmt: skip

@@ -1,0 +1,199 @@
+"""The context window (attention sinks + recent positions): one definition, computed three ways.
+
+A dense reference registered as a `transformers` attention function (the whole sequence at once,
+sink keys re-rotated as StreamingLLM's cache positions place them) against windowed plain decoding,
+and windowed TokenSwift against windowed plain decoding; the cache stays bounded; resume is exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import first_divergence, random_heads, random_prompt, tiny_target
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.models.llama.modeling_llama import rotate_half
+
+from tokenswift_cli.attention import window_attention
+from tokenswift_cli.checkpoint import Checkpointer, read_manifest, restore
+from tokenswift_cli.config import ConfigError, ContextWindow, DraftConfig, RunConfig, SamplingConfig
+from tokenswift_cli.decode import generate, generate_tokens
+from tokenswift_cli.state import TREE_HEADROOM, full_capacity, prefill
+from tokenswift_cli.target import Target
+from tokenswift_cli.textstream import StreamState
+
+WINDOW = ContextWindow(size=48, sinks=4)
+SAMPLING = SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.2, penalty_window=32, seed=7)
+
+
+def rotate(x: torch.Tensor, angle_positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Plain RoPE of `x` `[..., n, dim]` at `angle_positions` `[n]` (the llama convention)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = angle_positions.double()[:, None] * inv_freq[None]
+    emb = torch.cat([angles, angles], dim=-1)
+    return (x.double() * emb.cos() + rotate_half(x.double()) * emb.sin()).float()
+
+
+def streaming_reference(query, keys, values, positions, window: ContextWindow, block_mask, raw=None):  # type: ignore[no-untyped-def]
+    """Row by row: the visible keys, sinks rotated to sit just before the row's window."""
+    raw_q, raw_k = raw
+    dim, heads, kv = query.shape[-1], query.shape[1], keys.shape[1]
+    out = torch.zeros(1, heads, positions.shape[0], dim)
+    key_positions = torch.arange(raw_k.shape[2])
+    for row, p in enumerate(positions.tolist()):
+        shift = max(0, p - window.span + 1)
+        sink_keys = rotate(raw_k[:, :, : window.sinks], key_positions[: window.sinks] + shift, dim)
+        rest = rotate(raw_k[:, :, window.sinks :], key_positions[window.sinks :], dim)
+        k_all = torch.cat([sink_keys, rest], dim=2).repeat_interleave(heads // kv, dim=1)
+        v_all = values.repeat_interleave(heads // kv, dim=1)
+        q = rotate(raw_q[:, :, row : row + 1], torch.tensor([p]), dim)
+        visible = (key_positions <= p) & ((key_positions < window.sinks) | (key_positions > p - window.size))
+        visible &= block_mask[row]
+        scores = (q @ k_all.transpose(-1, -2))[..., visible] * dim**-0.5
+        out[:, :, row] = (scores.softmax(-1) @ v_all[:, :, visible])[:, :, 0]
+    return out.transpose(1, 2).reshape(1, positions.shape[0], -1)
+
+
+@pytest.mark.parametrize("first_position", [10, 52, 120])
+@pytest.mark.parametrize("tree", [False, True])
+def test_window_attention_matches_a_row_by_row_reference(first_position: int, tree: bool) -> None:
+    torch.manual_seed(first_position)
+    window, q_len, dim = WINDOW, 5, 16
+    total = first_position + q_len
+    raw_q, raw_k = torch.randn(1, 4, q_len, dim), torch.randn(1, 2, total, dim)
+    values = torch.randn(1, 2, total, dim)
+    depths = torch.tensor([0, 1, 1, 2, 3]) if tree else torch.arange(q_len)
+    block = torch.ones(q_len, q_len, dtype=torch.bool).tril()
+    if tree:  # 0 -> (1, 2); 1 -> 3 -> 4
+        block = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]).bool()
+    positions = first_position + depths
+    # Keys as the model stores them: new tokens at their own positions, the cache at its positions.
+    key_positions = torch.cat([torch.arange(first_position), positions])
+    keys = rotate(raw_k, key_positions, dim)
+    full_mask = torch.cat([torch.ones(q_len, first_position, dtype=torch.bool), block], dim=1)
+    ref_raw_k = raw_k.clone()
+    expected = torch.zeros(1, q_len, 4 * dim)
+    for row in range(q_len):  # the reference sees each row's own key order: cache, then the row's ancestors
+        order = torch.cat([torch.arange(first_position), first_position + torch.nonzero(block[row]).flatten()])
+        sub_k, sub_v = ref_raw_k[:, :, order], values[:, :, order]
+        n = order.shape[0]
+        expected[:, row] = streaming_reference(
+            raw_q[:, :, row : row + 1], sub_k, sub_v, positions[row : row + 1], window,
+            torch.ones(1, n, dtype=torch.bool), raw=(raw_q[:, :, row : row + 1], sub_k),
+        )[:, 0]  # fmt: skip
+    del full_mask
+    # Drop what no row can see any more, as the cache does.
+    first_recent = max(window.sinks, int(positions.min()) - window.size + 1) if first_position > window.sinks else first_position
+    first_recent = min(first_recent, first_position)
+    held = torch.cat([torch.arange(min(window.sinks, first_position)), torch.arange(first_recent, first_position)])
+    held = torch.cat([held, torch.arange(first_position, total)])
+    query = rotate(raw_q, positions, dim)
+    sink_query = rotate(raw_q, positions.clamp(max=window.span - 1), dim)
+    got = window_attention(
+        query, sink_query, keys[:, :, held], values[:, :, held], positions=positions, committed=first_position,
+        first_recent=first_recent if first_position >= window.sinks else first_position,
+        sinks=min(window.sinks, first_position), size=window.size, block_mask=block, scaling=dim**-0.5,
+    )  # fmt: skip
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def register_reference(target: Target) -> str:
+    """The reference as the stock decoder's attention function (no cache: the whole text at once)."""
+    rotary = target.decoder.rotary_emb
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # type: ignore[no-untyped-def]
+        length, dim = query.shape[2], query.shape[-1]
+        positions = torch.arange(length)
+        # Undo the model's own rotation to get raw queries/keys (exact up to rounding for plain RoPE).
+        cos, sin = rotary(query, positions[None])
+        unrotate = lambda x: x * cos[:, None] - rotate_half(x) * sin[:, None]  # noqa: E731
+        raw_q, raw_k = unrotate(query), unrotate(key)
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        out = streaming_reference(query, key, value, positions, WINDOW, causal, raw=(raw_q, raw_k))
+        return out.reshape(1, length, -1, dim), None
+
+    AttentionInterface.register("streaming_reference", attention)
+    AttentionMaskInterface.register("streaming_reference", sdpa_mask)
+    return "streaming_reference"
+
+
+def test_windowed_greedy_matches_the_stock_decoder_with_a_reference_attention() -> None:
+    target = tiny_target("llama-gqa")
+    prompt = random_prompt(60)
+    cfg = RunConfig(max_new_tokens=70, mode="plain", window=WINDOW, prefill_chunk=16)
+    generated, _ = generate_tokens(target, None, prompt, cfg)
+    text = torch.tensor([prompt + generated[:-1]])
+    model = target.model
+    model.set_attn_implementation(register_reference(target))
+    try:
+        with torch.no_grad():
+            logits = model(text, use_cache=False).logits[0]
+    finally:
+        model.set_attn_implementation("tokenswift")
+    expected = logits[len(prompt) - 1 :].argmax(-1).tolist()
+    assert first_divergence(generated, expected) is None
+    unwindowed, _ = generate_tokens(target, None, prompt, cfg.replace(window=None))
+    assert unwindowed != generated  # the window changed the model, so the comparison above means something
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLING], ids=["greedy", "sampling"])
+def test_windowed_tokenswift_equals_windowed_plain(family: str, sampling: SamplingConfig) -> None:
+    target = tiny_target(family)
+    heads, prompt = random_heads(target), random_prompt(150)
+    cfg = RunConfig(max_new_tokens=260, sampling=sampling, window=WINDOW, prefill_chunk=32)
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    for source in ("pass", "verify"):
+        fast, stats = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig(source=source)))
+        assert first_divergence(fast, plain) is None
+        assert stats.iterations < len(plain)
+
+
+def test_the_window_changes_nothing_before_its_span() -> None:
+    target = tiny_target("qwen2")
+    prompt = random_prompt(20)
+    cfg = RunConfig(max_new_tokens=WINDOW.span - 20, mode="plain")
+    assert generate_tokens(target, None, prompt, cfg)[0] == generate_tokens(target, None, prompt, cfg.replace(window=WINDOW))[0]
+
+
+def test_the_windowed_cache_stays_bounded() -> None:
+    target = tiny_target("llama-gqa")
+    cfg = RunConfig(max_new_tokens=400, mode="plain", window=WINDOW, prefill_chunk=16)
+    state = prefill(target, random_prompt(100), cfg)
+    most = 0
+    for _ in generate(target, None, state, cfg):
+        layer = state.full.layer_list[0]
+        most = max(most, layer.stored)
+        assert state.full.first_recent <= len(state.tokens) - WINDOW.size + 1 or state.full.dropped == 0
+    assert len(state.tokens) == 500 and most <= WINDOW.span + WINDOW.size // 4
+    assert state.full.layer_list[0].capacity == full_capacity(cfg, 100) < 500 + TREE_HEADROOM  # never grew
+
+
+def test_a_windowed_run_resumes_exactly(tmp_path: Path) -> None:
+    target = tiny_target("llama-gqa", seed=3)
+    heads = random_heads(target)
+    cfg = RunConfig(max_new_tokens=240, sampling=SAMPLING, window=WINDOW, prefill_chunk=16)
+    prompt = random_prompt(90, seed=4)
+    reference, _ = generate_tokens(target, heads, prompt, cfg)
+    state = prefill(target, prompt, cfg)
+    saver = Checkpointer(tmp_path, fingerprints={"model": "m" * 64, "heads": None})
+    for count, _ in enumerate(generate(target, heads, state, cfg)):
+        if count % 7 == 0:  # several checkpoints, some after positions were dropped unsaved
+            saver.save(state, stream=StreamState((), 0), text_bytes=0)
+        if state.stats.generated >= 120:
+            break
+    saver.save(state, stream=StreamState((), 0), text_bytes=0)
+    manifest = read_manifest(tmp_path)
+    assert manifest is not None
+    back = restore(tmp_path, manifest, cfg=cfg, num_layers=target.num_layers, device=target.device, dtype=torch.float32)
+    assert back.state.full.layer_list[0].stored <= WINDOW.span + WINDOW.size // 4
+    for _ in generate(target, heads, back.state, cfg):
+        pass
+    assert back.state.generated == reference
+
+
+def test_a_window_needs_the_lean_forward() -> None:
+    target = Target(tiny_target("llama-gqa").model, lean=False)
+    with pytest.raises(ConfigError, match="context window"):
+        prefill(target, random_prompt(10), RunConfig(max_new_tokens=4, window=WINDOW))
