@@ -36,65 +36,57 @@ def rotate(x: torch.Tensor, angle_positions: torch.Tensor, dim: int, base: float
     return (x.double() * emb.cos() + rotate_half(x.double()) * emb.sin()).float()
 
 
-def streaming_reference(query, keys, values, positions, window: ContextWindow, block_mask, raw=None):  # type: ignore[no-untyped-def]
-    """Row by row: the visible keys, sinks rotated to sit just before the row's window."""
-    raw_q, raw_k = raw
-    dim, heads, kv = query.shape[-1], query.shape[1], keys.shape[1]
+def streaming_reference(raw_q, raw_k, values, positions, window: ContextWindow) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Row by row over keys at positions 0..n-1: the visible ones, sinks rotated to sit just before the window."""
+    dim, heads, kv = raw_q.shape[-1], raw_q.shape[1], raw_k.shape[1]
     out = torch.zeros(1, heads, positions.shape[0], dim)
     key_positions = torch.arange(raw_k.shape[2])
+    v_all = values.repeat_interleave(heads // kv, dim=1)
     for row, p in enumerate(positions.tolist()):
         shift = max(0, p - window.span + 1)
         sink_keys = rotate(raw_k[:, :, : window.sinks], key_positions[: window.sinks] + shift, dim)
         rest = rotate(raw_k[:, :, window.sinks :], key_positions[window.sinks :], dim)
         k_all = torch.cat([sink_keys, rest], dim=2).repeat_interleave(heads // kv, dim=1)
-        v_all = values.repeat_interleave(heads // kv, dim=1)
         q = rotate(raw_q[:, :, row : row + 1], torch.tensor([p]), dim)
         visible = (key_positions <= p) & ((key_positions < window.sinks) | (key_positions > p - window.size))
-        visible &= block_mask[row]
         scores = (q @ k_all.transpose(-1, -2))[..., visible] * dim**-0.5
         out[:, :, row] = (scores.softmax(-1) @ v_all[:, :, visible])[:, :, 0]
     return out.transpose(1, 2).reshape(1, positions.shape[0], -1)
 
 
-@pytest.mark.parametrize("first_position", [10, 52, 120])
+TRIE_DEPTHS = torch.tensor([0, 1, 1, 2, 3])  # 0 -> (1, 2); 1 -> 3 -> 4
+TRIE_MASK = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]).bool()
+
+
+@pytest.mark.parametrize("committed", [10, 52, 120])
 @pytest.mark.parametrize("tree", [False, True])
-def test_window_attention_matches_a_row_by_row_reference(first_position: int, tree: bool) -> None:
-    torch.manual_seed(first_position)
+@pytest.mark.parametrize("evicted", [False, True])
+def test_window_attention_matches_a_row_by_row_reference(committed: int, tree: bool, evicted: bool) -> None:
+    torch.manual_seed(committed)
     window, q_len, dim = WINDOW, 5, 16
-    total = first_position + q_len
-    raw_q, raw_k = torch.randn(1, 4, q_len, dim), torch.randn(1, 2, total, dim)
-    values = torch.randn(1, 2, total, dim)
-    depths = torch.tensor([0, 1, 1, 2, 3]) if tree else torch.arange(q_len)
-    block = torch.ones(q_len, q_len, dtype=torch.bool).tril()
-    if tree:  # 0 -> (1, 2); 1 -> 3 -> 4
-        block = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]).bool()
-    positions = first_position + depths
-    # Keys as the model stores them: new tokens at their own positions, the cache at its positions.
-    key_positions = torch.cat([torch.arange(first_position), positions])
-    keys = rotate(raw_k, key_positions, dim)
-    full_mask = torch.cat([torch.ones(q_len, first_position, dtype=torch.bool), block], dim=1)
-    ref_raw_k = raw_k.clone()
-    expected = torch.zeros(1, q_len, 4 * dim)
-    for row in range(q_len):  # the reference sees each row's own key order: cache, then the row's ancestors
-        order = torch.cat([torch.arange(first_position), first_position + torch.nonzero(block[row]).flatten()])
-        sub_k, sub_v = ref_raw_k[:, :, order], values[:, :, order]
-        n = order.shape[0]
-        expected[:, row] = streaming_reference(
-            raw_q[:, :, row : row + 1], sub_k, sub_v, positions[row : row + 1], window,
-            torch.ones(1, n, dtype=torch.bool), raw=(raw_q[:, :, row : row + 1], sub_k),
-        )[:, 0]  # fmt: skip
-    del full_mask
-    # Drop what no row can see any more, as the cache does.
-    first_recent = max(window.sinks, int(positions.min()) - window.size + 1) if first_position > window.sinks else first_position
-    first_recent = min(first_recent, first_position)
-    held = torch.cat([torch.arange(min(window.sinks, first_position)), torch.arange(first_recent, first_position)])
-    held = torch.cat([held, torch.arange(first_position, total)])
-    query = rotate(raw_q, positions, dim)
-    sink_query = rotate(raw_q, positions.clamp(max=window.span - 1), dim)
+    raw_q, raw_k = torch.randn(1, 4, q_len, dim), torch.randn(1, 2, committed + q_len, dim)
+    values = torch.randn(1, 2, committed + q_len, dim)
+    depths = TRIE_DEPTHS if tree else torch.arange(q_len)
+    block = TRIE_MASK if tree else torch.ones(q_len, q_len, dtype=torch.bool).tril()
+    positions = committed + depths
+    expected = torch.cat(
+        [  # each row alone over its own keys: the cache, then its ancestors (consecutive positions)
+            streaming_reference(
+                raw_q[:, :, row : row + 1], raw_k[:, :, order], values[:, :, order], positions[row : row + 1], window
+            )  # fmt: skip
+            for row in range(q_len)
+            for order in [torch.cat([torch.arange(committed), committed + torch.nonzero(block[row]).flatten()])]
+        ],
+        dim=1,
+    )
+    # The cache as the model holds it: keys rotated at their positions, what no row sees dropped.
+    keys = rotate(raw_k, torch.cat([torch.arange(committed), positions]), dim)
+    first_recent = max(window.sinks, int(positions.min()) - window.size + 1) if evicted else window.sinks
+    held = torch.cat([torch.arange(window.sinks), torch.arange(first_recent, committed + q_len)])
     got = window_attention(
-        query, sink_query, keys[:, :, held], values[:, :, held], positions=positions, committed=first_position,
-        first_recent=first_recent if first_position >= window.sinks else first_position,
-        sinks=min(window.sinks, first_position), size=window.size, block_mask=block, scaling=dim**-0.5,
+        rotate(raw_q, positions, dim), rotate(raw_q, positions.clamp(max=window.span - 1), dim),
+        keys[:, :, held], values[:, :, held], positions=positions, committed=committed, first_recent=first_recent,
+        sinks=window.sinks, size=window.size, block_mask=block, scaling=dim**-0.5,
     )  # fmt: skip
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
 
@@ -109,9 +101,7 @@ def register_reference(target: Target) -> str:
         # Undo the model's own rotation to get raw queries/keys (exact up to rounding for plain RoPE).
         cos, sin = rotary(query, positions[None])
         unrotate = lambda x: x * cos[:, None] - rotate_half(x) * sin[:, None]  # noqa: E731
-        raw_q, raw_k = unrotate(query), unrotate(key)
-        causal = torch.ones(length, length, dtype=torch.bool).tril()
-        out = streaming_reference(query, key, value, positions, WINDOW, causal, raw=(raw_q, raw_k))
+        out = streaming_reference(unrotate(query), unrotate(key), value, positions, WINDOW)
         return out.reshape(1, length, -1, dim), None
 
     AttentionInterface.register("streaming_reference", attention)
@@ -154,7 +144,8 @@ def test_the_window_changes_nothing_before_its_span() -> None:
     target = tiny_target("qwen2")
     prompt = random_prompt(20)
     cfg = RunConfig(max_new_tokens=WINDOW.span - 20, mode="plain")
-    assert generate_tokens(target, None, prompt, cfg)[0] == generate_tokens(target, None, prompt, cfg.replace(window=WINDOW))[0]
+    windowed = cfg.replace(window=WINDOW)
+    assert generate_tokens(target, None, prompt, cfg)[0] == generate_tokens(target, None, prompt, windowed)[0]
 
 
 def test_the_windowed_cache_stays_bounded() -> None:

@@ -196,19 +196,20 @@ def window_attention(
     packed, packed_sinks = pack_queries(query, kv).float(), pack_queries(sink_query, kv).float()
     small_keys = torch.cat([keys[:, :, edge], keys[:, :, stored:]], dim=2).float()
     small_values = torch.cat([values[:, :, :sinks], values[:, :, edge], values[:, :, stored:]], dim=2).float()
-    scores = torch.cat(
-        [packed_sinks @ keys[:, :, :sinks].float().transpose(-1, -2), packed @ small_keys.transpose(-1, -2)], dim=-1
-    ) * scaling  # [1, kv, g*q, sinks + e + q]
+    scores = (
+        torch.cat(
+            [packed_sinks @ keys[:, :, :sinks].float().transpose(-1, -2), packed @ small_keys.transpose(-1, -2)], dim=-1
+        )
+        * scaling
+    )  # [1, kv, g*q, sinks + e + q]
     scores = scores.masked_fill(~rows, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.exp(scores - lse[..., None]) @ small_values  # [1, kv, g*q, d]
     shared = slice(sinks + shared_from - first_recent, stored)
     if shared.stop > shared.start:
-        packed_native = pack_queries(query, kv)
-        if _FLASH_CPU is not None and query.device.type == "cpu":
-            out_shared, lse_shared = cache_attention(packed_native, keys[:, :, shared], values[:, :, shared], scaling)
-        else:
-            out_shared, lse_shared = _attention_with_lse(packed_native, keys[:, :, shared], values[:, :, shared], scaling)
+        fast = _FLASH_CPU is not None and query.device.type == "cpu"
+        with_lse = cache_attention if fast else _attention_with_lse
+        out_shared, lse_shared = with_lse(pack_queries(query, kv), keys[:, :, shared], values[:, :, shared], scaling)
         out, _ = _merge(torch.stack([out_shared.float(), out]), torch.stack([lse_shared.float(), lse]))
     return unpack_output(out.to(query.dtype), heads, q_len)
 

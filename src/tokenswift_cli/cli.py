@@ -20,7 +20,17 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__
-from .config import ConfigError, DraftConfig, DType, Mode, ModelSpec, RopeScaling, RunConfig, SamplingConfig
+from .config import (
+    DEFAULT_SINKS,
+    ConfigError,
+    DraftConfig,
+    DType,
+    Mode,
+    ModelSpec,
+    RopeScaling,
+    RunConfig,
+    SamplingConfig,
+)
 from .defaults import default_sampling
 from .options import (
     DEFAULT_CHECKPOINT_EVERY,
@@ -29,6 +39,7 @@ from .options import (
     DEFAULT_TREE,
     SAMPLING_DEFAULTS,
     CheckpointEveryOpt,
+    ContextWindowOpt,
     DeviceOpt,
     DraftOpt,
     DTypeOpt,
@@ -50,6 +61,7 @@ from .options import (
     RunArg,
     RunsDirOpt,
     SeedOpt,
+    SinksOpt,
     StopAtEosOpt,
     TemperatureOpt,
     ThreadsOpt,
@@ -60,6 +72,7 @@ from .options import (
     off_if_zero,
     parse_tokens,
     parse_tree,
+    parse_window,
 )
 
 EXTENSIONS = ("cli_runs", "cli_heads", "cli_bench", "cli_eval")
@@ -179,6 +192,8 @@ def write(
     device: DeviceOpt = "cpu",
     rope_scaling: RopeScalingOpt = "auto",
     rope_factor: RopeFactorOpt = None,
+    context_window: ContextWindowOpt = "auto",
+    sinks: SinksOpt = DEFAULT_SINKS,
     temperature: TemperatureOpt = None,
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
@@ -215,7 +230,7 @@ def write(
         # The Literal-typed fields are checked by the configs themselves (one-line ConfigError).
         config = RunConfig(
             max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,
-            draft=drafting,
+            draft=drafting, window=parse_window(context_window, sinks),
         )  # fmt: skip
         spec = ModelSpec(
             name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),

@@ -108,6 +108,16 @@ class DraftConfig:
         return dataclasses.replace(self, auto=choice == "auto", source=source)
 
 
+DEFAULT_SINKS = 4
+
+
+@dataclass(frozen=True)
+class AutoWindow:
+    """A context window of the model's trained length once a run outgrows it (see `run_model.fit_window`)."""
+
+    sinks: int = DEFAULT_SINKS
+
+
 @dataclass(frozen=True)
 class ContextWindow:
     """Attention to the first `sinks` positions and the last `size` ones only (StreamingLLM).
@@ -119,7 +129,7 @@ class ContextWindow:
     """
 
     size: int
-    sinks: int = 4
+    sinks: int = DEFAULT_SINKS
 
     def __post_init__(self) -> None:
         _check(self.size >= 16, "the context window must hold at least 16 tokens")
@@ -133,7 +143,8 @@ class ContextWindow:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One generation: how many tokens, how (mode), the configs above, and the attention window."""
+    """One generation: how many tokens, how (mode), the configs above, and the attention window
+    (`AutoWindow` must be resolved, by `run_model.fit_window`, before the run starts)."""
 
     max_new_tokens: int
     mode: Mode = "tokenswift"
@@ -141,12 +152,17 @@ class RunConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
     prefill_chunk: int = 512
-    window: ContextWindow | None = None
+    window: ContextWindow | AutoWindow | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "the number of tokens to write must be >= 1")
         _check(self.mode in ("tokenswift", "plain"), f"unknown mode {self.mode!r}: use tokenswift or plain")
         _check(self.prefill_chunk >= 1, "prefill chunk must be >= 1")
+
+    def positions_needed(self, prefix_length: int) -> int:
+        """The farthest relative position the model must handle: the whole text, or the window's span."""
+        total = prefix_length + self.max_new_tokens
+        return total if not isinstance(self.window, ContextWindow) else min(total, self.window.span)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
@@ -159,7 +175,8 @@ class RunConfig:
         sampling = SamplingConfig(**data.pop("sampling"))
         draft = DraftConfig(**data.pop("draft"))
         window = data.pop("window", None)
-        return cls(sampling=sampling, draft=draft, window=ContextWindow(**window) if window else None, **data)
+        resolved = None if not window else ContextWindow(**window) if "size" in window else AutoWindow(**window)
+        return cls(sampling=sampling, draft=draft, window=resolved, **data)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from .config import ConfigError, DraftConfig, SamplingConfig
+from .config import AutoWindow, ConfigError, ContextWindow, DraftConfig, SamplingConfig
 
 _SAMPLING = SamplingConfig()
 _DRAFT = DraftConfig()
@@ -44,6 +44,14 @@ def parse_tree(text: str) -> tuple[int, ...]:
     except ValueError:
         raise ConfigError(f"bad tree {text!r}: use widths separated by commas, e.g. 1,3,3,3") from None
     return widths
+
+
+def parse_window(text: str, sinks: int) -> ContextWindow | AutoWindow | None:
+    """`--context-window`: "auto", "none" or a token count (the window, sinks not included)."""
+    choice = text.strip().lower()
+    if choice in ("auto", "none"):
+        return None if choice == "none" else AutoWindow(sinks)
+    return ContextWindow(size=parse_tokens(text), sinks=sinks)
 
 
 def off_if_zero(value: int | None) -> int | None:
@@ -91,6 +99,19 @@ RopeScalingOpt = Annotated[
         "--rope-scaling", help="auto (YaRN when the run outgrows the trained length), yarn or none.",
         rich_help_panel=_MODEL,
     ),
+]  # fmt: skip
+ContextWindowOpt = Annotated[
+    str,
+    typer.Option(
+        "--context-window",
+        help="auto (past the trained length, attend to the last trained-length tokens + --sinks), none, "
+        "or a size such as 4k.",
+        rich_help_panel=_MODEL,
+    ),
+]
+SinksOpt = Annotated[
+    int, typer.Option("--sinks", min=1, help="First tokens every token attends to under a context window.",
+                      rich_help_panel=_MODEL),
 ]  # fmt: skip
 RopeFactorOpt = Annotated[
     float | None,

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ModelSpec, RunConfig
+from .config import AutoWindow, ContextWindow, ModelSpec, RunConfig
 from .heads import SHIPPED, DraftHeads, load_heads, shipped_heads
 from .loading import ModelLoadError, end_of_text_ids, load_model
-from .rope import apply_rope, plan_rope
+from .rope import apply_rope, plan_rope, trained_length
 from .target import Target
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
@@ -87,6 +87,19 @@ def fit_rope(model: RunModel, spec: ModelSpec, total_tokens: int, note: Callable
     if warning:
         note(warning)
     return dataclasses.replace(model, settings={**model.settings, "spec": asdict(plan.resolved(spec))})
+
+
+def fit_window(config: RunConfig, spec: ModelSpec, model: RunModel, prefix: int) -> RunConfig:
+    """`config` with its context window resolved. `AutoWindow` (with rope scaling "auto") gives a run
+    that outgrows the model's trained length a window of that length, so that no distance exceeds
+    what the model was trained on; a shorter run, or an explicit rope choice, gets none."""
+    choice = config.window
+    if isinstance(choice, AutoWindow):
+        trained = trained_length(model.target.model.config)
+        outgrows = prefix + config.max_new_tokens > trained
+        fits = outgrows and spec.rope_scaling == "auto" and model.target.lean
+        choice = ContextWindow(size=trained - choice.sinks, sinks=choice.sinks) if fits else None
+    return config.replace(window=choice)
 
 
 def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:

@@ -21,7 +21,7 @@ from .config import ConfigError, ModelSpec, RunConfig
 from .durable import RunLock, write_atomic
 from .render import Renderer, make_renderer
 from .rope import plan_rope
-from .run_model import RunModel, fit_rope, load_run_model, suppress_eos, unscaled
+from .run_model import RunModel, fit_rope, fit_window, load_run_model, suppress_eos, unscaled
 from .session import Session, StopSignals, TextSink
 from .state import GenerationState, prefill
 from .textstream import TextStream, tokenizer_decoder
@@ -146,7 +146,8 @@ def write(
     prompt = loaded.tokenizer(prefix)["input_ids"]
     if not prompt:
         raise ConfigError("the prefix has no tokens")
-    loaded = fit_rope(loaded, model, len(prompt) + config.max_new_tokens, renderer.note)
+    config = fit_window(config, model, loaded, len(prompt))
+    loaded = fit_rope(loaded, model, config.positions_needed(len(prompt)), renderer.note)
     config = suppress_eos(config, loaded.eos_ids)
     run_dir = runs.create_run(root)
     with RunLock(run_dir), _failing_run(run_dir):
@@ -226,7 +227,7 @@ def resume(
         loaded = load_run_model(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
         _check_same_model(run_dir, settings, loaded)
         warning = plan_rope(
-            spec, loaded.target.model.config, settings["prefix"]["tokens"] + cfg.max_new_tokens
+            spec, loaded.target.model.config, cfg.positions_needed(settings["prefix"]["tokens"])
         ).warning()
         if warning:
             renderer.note(warning)

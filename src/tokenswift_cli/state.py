@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import FullCache, PartialCache, _PreallocatedCache
-from .config import ConfigError, RunConfig
+from .config import AutoWindow, ConfigError, RunConfig
 from .metrics import Stats
 from .ngram import NGramTable
 from .sampling import choose
@@ -96,6 +96,8 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     if not prompt:
         raise ValueError("the prefix must hold at least one token")
     tokens = [int(t) for t in prompt]
+    if isinstance(cfg.window, AutoWindow):
+        raise ConfigError("resolve the automatic context window first (run_model.fit_window)")
     if cfg.window is not None and not target.lean:
         raise ConfigError("a context window needs a llama, qwen2 or mistral model with full attention")
     full = FullCache(target.num_layers, capacity=full_capacity(cfg, len(tokens)), window=cfg.window)
