@@ -33,7 +33,7 @@ from typer.testing import CliRunner
 
 from tokenswift_cli import defaults, runner
 from tokenswift_cli.cli import register_extensions
-from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
+from tokenswift_cli.config import AutoWindow, ContextWindow, DraftConfig, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.durable import RunLock
 from tokenswift_cli.heads import DraftHeads, save_heads
 from tokenswift_cli.options import parse_tokens
@@ -108,7 +108,9 @@ def test_write_defaults_are_the_library_defaults(captured: dict[str, Any], prefi
     assert result.exit_code == 0, result.output
     assert captured["write"] == {
         "prefix": PREFIX,
-        "config": RunConfig(max_new_tokens=2000, sampling=defaults.EMBEDDED, draft=DraftConfig().drafting("auto")),
+        "config": RunConfig(
+            max_new_tokens=2000, sampling=defaults.EMBEDDED, draft=DraftConfig().drafting("auto"), window=AutoWindow()
+        ),
         "model": ModelSpec(),
         "heads": "default",
         "runs_dir": None,
@@ -123,7 +125,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--top-k", "40", "--min-p", "0.05", "--eta", "0.01", "--penalty", "1.2", "--penalty-window", "64",
         "--seed", "9", "--mode", "plain", "--tree", "1,2,2", "--draft", "verify", "--threads", "1",
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
-        "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q",
+        "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -132,7 +134,14 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify")
     assert captured["write"] == {
         "prefix": PREFIX,
-        "config": RunConfig(max_new_tokens=1500, mode="plain", stop_at_eos=True, sampling=sampling, draft=draft),
+        "config": RunConfig(
+            max_new_tokens=1500,
+            mode="plain",
+            stop_at_eos=True,
+            sampling=sampling,
+            draft=draft,
+            window=ContextWindow(size=2000, sinks=8),
+        ),  # fmt: skip
         "model": ModelSpec(name="some/model", dtype="bfloat16", device="cuda:1", rope_scaling="yarn", rope_factor=2.0),
         "heads": "none",
         "runs_dir": tmp_path / "runs",
@@ -491,3 +500,20 @@ def test_settings_record_the_resolved_model_and_resume_loads_it(tiny_folder: Pat
     assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 60, *yarn)
     greedy = reference(tiny_folder, prefix_file, 60, "-t", "0")
     assert first + more.stdout_bytes != greedy  # the scaling did change the model
+
+
+def test_a_windowed_run_records_its_window_and_resumes_to_one_longer_run(tiny_folder: Path, prefix_file: Path) -> None:
+    window = ("--context-window", "32", "--sinks", "2", *SAMPLED)
+    first, run = write_in_process(tiny_folder, prefix_file, 67, *window)
+    assert json.loads((run / "settings.json").read_text())["run_config"]["window"] == {"size": 32, "sinks": 2}
+    more = cli("resume", run.name, "--tokens", 150, "-q")
+    assert more.exit_code == 0, more.output
+    assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 150, *window)
+    assert first + more.stdout_bytes != reference(tiny_folder, prefix_file, 150, *SAMPLED)
+
+
+def test_a_bad_context_window_is_one_line(captured: dict[str, Any], prefix_file: Path) -> None:
+    result = cli("write", "--prefix", prefix_file, "--tokens", "10", "--context-window", "8")
+    assert_one_line_error(result, contains="context window must hold at least 16 tokens")
+    result = cli("write", "--prefix", prefix_file, "--tokens", "10", "--context-window", "wide")
+    assert_one_line_error(result, contains="bad token count")

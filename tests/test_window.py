@@ -18,8 +18,17 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from tokenswift_cli.attention import window_attention
 from tokenswift_cli.checkpoint import Checkpointer, read_manifest, restore
-from tokenswift_cli.config import ConfigError, ContextWindow, DraftConfig, RunConfig, SamplingConfig
+from tokenswift_cli.config import (
+    AutoWindow,
+    ConfigError,
+    ContextWindow,
+    DraftConfig,
+    ModelSpec,
+    RunConfig,
+    SamplingConfig,
+)
 from tokenswift_cli.decode import generate, generate_tokens
+from tokenswift_cli.run_model import fit_window
 from tokenswift_cli.state import TREE_HEADROOM, full_capacity, prefill
 from tokenswift_cli.target import Target
 from tokenswift_cli.textstream import StreamState
@@ -150,7 +159,7 @@ def test_the_window_changes_nothing_before_its_span() -> None:
 
 def test_the_windowed_cache_stays_bounded() -> None:
     target = tiny_target("llama-gqa")
-    cfg = RunConfig(max_new_tokens=400, mode="plain", window=WINDOW, prefill_chunk=16)
+    cfg = RunConfig(max_new_tokens=400, mode="plain", window=WINDOW)  # a prefill chunk longer than the window
     state = prefill(target, random_prompt(100), cfg)
     most = 0
     for _ in generate(target, None, state, cfg):
@@ -188,3 +197,14 @@ def test_a_window_needs_the_lean_forward() -> None:
     target = Target(tiny_target("llama-gqa").model, lean=False)
     with pytest.raises(ConfigError, match="context window"):
         prefill(target, random_prompt(10), RunConfig(max_new_tokens=4, window=WINDOW))
+
+
+def test_the_automatic_window_is_the_trained_length_once_a_run_outgrows_it() -> None:
+    target = tiny_target("qwen2")  # trained on 4096 positions
+    auto = RunConfig(max_new_tokens=4000, window=AutoWindow(sinks=8))
+    assert fit_window(auto, ModelSpec(), target, prefix=200).window == ContextWindow(size=4088, sinks=8)
+    assert fit_window(auto, ModelSpec(), target, prefix=50).window is None  # fits: the model as configured
+    assert fit_window(auto, ModelSpec(rope_scaling="yarn"), target, prefix=200).window is None  # YaRN chosen
+    stock = Target(target.model, lean=False)
+    assert fit_window(auto, ModelSpec(), stock, prefix=200).window is None
+    assert fit_window(auto.replace(window=WINDOW), ModelSpec(), target, prefix=200).window == WINDOW

@@ -174,6 +174,7 @@ def window_attention(
     """
     heads, q_len = query.shape[1], query.shape[2]
     kv = keys.shape[1]
+    assert committed >= sinks, "the sinks must be cached before a row can lose sight of anything"
     stored = sinks + committed - first_recent
     if block_mask is None:
         block_mask = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()

@@ -117,7 +117,7 @@ class Checkpointer:
                 start = max(held_start, self.saved_length)
                 if end <= start:
                     continue
-                path = self.folder / f"kv-{seq:06d}-{part}.safetensors"
+                path = self.folder / (f"kv-{seq:06d}.safetensors" if part == 0 else f"kv-{seq:06d}-{part}.safetensors")
                 tensors = {}
                 for i in range(len(state.full.layer_list)):
                     keys, values = state.full.segment(i, start, end)

@@ -133,7 +133,7 @@ class ContextWindow:
 
     def __post_init__(self) -> None:
         _check(self.size >= 16, "the context window must hold at least 16 tokens")
-        _check(self.sinks >= 1, "a context window needs at least 1 sink token")
+        _check(1 <= self.sinks <= self.size, "a context window needs from 1 to its size sink tokens")
 
     @property
     def span(self) -> int:

@@ -146,7 +146,7 @@ def write(
     prompt = loaded.tokenizer(prefix)["input_ids"]
     if not prompt:
         raise ConfigError("the prefix has no tokens")
-    config = fit_window(config, model, loaded, len(prompt))
+    config = fit_window(config, model, loaded.target, len(prompt))
     loaded = fit_rope(loaded, model, config.positions_needed(len(prompt)), renderer.note)
     config = suppress_eos(config, loaded.eos_ids)
     run_dir = runs.create_run(root)

@@ -104,8 +104,10 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     stats = Stats()
     capture = QueryCapture(row=-1)
     with stats.phase("prefill", target.device):
-        for start in range(0, len(tokens), cfg.prefill_chunk):
-            chunk = torch.tensor(tokens[start : start + cfg.prefill_chunk])
+        # Under a window, chunks no longer than the window: the sinks are cached before any row needs them.
+        size = cfg.prefill_chunk if cfg.window is None else min(cfg.prefill_chunk, cfg.window.size)
+        for start in range(0, len(tokens), size):
+            chunk = torch.tensor(tokens[start : start + size])
             forward = target.forward(chunk, full, capture=capture)
             full.commit(range(chunk.shape[0]))
             full.evict()
