@@ -82,8 +82,13 @@ def full_capacity(cfg: RunConfig, prefix_length: int) -> int:
     needed = prefix_length + cfg.max_new_tokens + TREE_HEADROOM
     if cfg.window is None:
         return needed
-    held = cfg.window.sinks + cfg.window.size + cfg.window.size // 4 + cfg.prefill_chunk + TREE_HEADROOM
+    held = cfg.window.sinks + cfg.window.size + cfg.window.size // 4 + prefill_chunk(cfg) + TREE_HEADROOM
     return min(needed, held)
+
+
+def prefill_chunk(cfg: RunConfig) -> int:
+    """Under a window, chunks no longer than the window: the sinks are cached before any row needs them."""
+    return cfg.prefill_chunk if cfg.window is None else min(cfg.prefill_chunk, cfg.window.size)
 
 
 def uses_partial_cache(cfg: RunConfig) -> bool:
@@ -104,8 +109,7 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     stats = Stats()
     capture = QueryCapture(row=-1)
     with stats.phase("prefill", target.device):
-        # Under a window, chunks no longer than the window: the sinks are cached before any row needs them.
-        size = cfg.prefill_chunk if cfg.window is None else min(cfg.prefill_chunk, cfg.window.size)
+        size = prefill_chunk(cfg)
         for start in range(0, len(tokens), size):
             chunk = torch.tensor(tokens[start : start + size])
             forward = target.forward(chunk, full, capture=capture)
