@@ -67,3 +67,11 @@ def test_cli_bench_refuses_unknown_method(tmp_path) -> None:  # type: ignore[no-
     app.command("noop")(lambda: None)
     result = CliRunner().invoke(app, ["bench", "--quick", "--methods", "plain,warp", "-o", str(tmp_path)])
     assert result.exit_code == 2
+
+
+def test_bench_runs_the_engine_under_a_context_window(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    request = BenchRequest(sampling="paper", methods=("plain", "tokenswift"), context_window="16", **TINY)  # type: ignore[arg-type]
+    results, _ = run_bench(request, out_dir=tmp_path, name="w")
+    assert all(r.equal_to_plain for r in results if r.method == "tokenswift")
+    document = json.loads((tmp_path / "w.json").read_text())
+    assert document["rope"]["window"] == {"size": 16, "sinks": 4}

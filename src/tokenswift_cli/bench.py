@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from .config import DraftConfig, RunConfig, SamplingConfig
+from .config import ContextWindow, DraftConfig, RunConfig, SamplingConfig
 from .decode import generate
 from .heads import DraftHeads
 from .memory import PeakRss
@@ -50,6 +50,7 @@ class BenchSettings:
     draft: DraftConfig = field(default_factory=DraftConfig)
     repeats: int = 1
     prompt_lookup_tokens: int = 10
+    window: ContextWindow | None = None  # the engine's; generate() and prompt lookup attend to everything
 
     def __post_init__(self) -> None:
         unknown = set(self.methods) - set(METHODS)
@@ -156,7 +157,7 @@ class Bench:
     def _config(self, method: str, case: Case) -> RunConfig:
         mode = "plain" if method == "plain" else "tokenswift"
         return RunConfig(max_new_tokens=case.new_tokens, mode=mode, sampling=self.settings.sampling,
-                         draft=self.settings.draft)  # fmt: skip
+                         draft=self.settings.draft, window=self.settings.window)  # fmt: skip
 
     def _engine(self, method: str, case: Case, prefilled: GenerationState) -> _Run:
         cfg = self._config(method, case)

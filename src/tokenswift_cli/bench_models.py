@@ -11,8 +11,11 @@ from typing import Any
 import torch
 
 from .bench import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
-from .config import DraftConfig, ModelSpec
+from .config import DEFAULT_SINKS, AutoWindow, ContextWindow, DraftConfig, ModelSpec, RunConfig
 from .heads import DraftHeads, load_heads, shipped_heads
+from .options import parse_window
+from .rope import apply_rope, plan_rope
+from .run_model import fit_window
 from .target import Target
 
 DEFAULT_PREFIX = Path(__file__).resolve().parents[3] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
@@ -40,13 +43,15 @@ class BenchRequest:
     repeats: int = 1
     threads: int | None = None
     quick: bool = False
+    context_window: str = "none"
+    sinks: int = DEFAULT_SINKS
 
     def cases(self) -> tuple[Case, ...]:
         by_length = [Case(self.length_context, n, "length") for n in self.lengths]
         by_context = [Case(c, self.context_tokens, "context") for c in self.contexts]
         return tuple(by_length + by_context)
 
-    def settings(self) -> BenchSettings:
+    def settings(self, window: ContextWindow | None = None) -> BenchSettings:
         if self.sampling not in ("paper", "greedy"):
             raise ValueError(f"unknown sampling {self.sampling!r}: use paper or greedy")
         sampling = dataclasses.replace(PAPER_SAMPLING if self.sampling == "paper" else GREEDY, seed=self.seed)
@@ -59,7 +64,7 @@ class BenchRequest:
         if self.quick:
             changes.update(partial_budget=64, sink_tokens=4, recent_window=16)
         draft = dataclasses.replace(draft, **changes).drafting(self.draft)  # a ConfigError is a ValueError
-        return BenchSettings(self.cases(), self.methods, sampling, draft, self.repeats)
+        return BenchSettings(self.cases(), self.methods, sampling, draft, self.repeats, window=window)
 
 
 def quick_model(seed: int = 0) -> Any:
@@ -103,27 +108,35 @@ def prefix_tokens(request: BenchRequest, tokenizer: Any, needed: int) -> list[in
 
 
 def open_model(request: BenchRequest) -> tuple[Target, DraftHeads | None, Any, dict[str, Any]]:
-    """Target, heads, tokenizer and rope for a request; --quick builds a tiny random model.
+    """Target, heads, tokenizer and the model's context (rope, window) for a request; --quick: a tiny model.
 
-    The rope is sized to the longest case as `tokenswift write` would size it (YaRN past the trained
-    length), so long-context cases measure the model users run; every method shares it.
+    The context is resolved as `tokenswift write` resolves it for the longest case (the window, then
+    YaRN past the trained length for what the window leaves), so every method runs the model users run.
     """
+    longest = max(case.context + case.new_tokens for case in request.cases())
     if request.quick:
         model = quick_model(request.seed)
         if request.dtype == "bfloat16":
             model = model.to(torch.bfloat16)
+        target, tokenizer = Target(model), None
         heads = None if request.heads == "none" else _random_heads(model)
-        return Target(model), heads, None, {"rope_scaling": "none"}
-    from .loading import load_model
+    else:
+        from .loading import load_model
 
-    longest = max(case.context + case.new_tokens for case in request.cases())
-    loaded = load_model(ModelSpec(name=request.model, dtype=request.dtype), total_tokens=longest)  # type: ignore[arg-type]
-    heads = _heads(request.heads, request.model, loaded.model, loaded.fingerprint)
-    if heads is not None:
-        heads = heads.to(dtype=loaded.model.dtype)
-    resolved = loaded.spec or ModelSpec(rope_scaling="none")
-    rope = {"rope_scaling": resolved.rope_scaling, "rope_factor": resolved.rope_factor}
-    return Target(loaded.model), heads, loaded.tokenizer, rope
+        loaded = load_model(ModelSpec(name=request.model, dtype=request.dtype, rope_scaling="none"))  # type: ignore[arg-type]
+        heads = _heads(request.heads, request.model, loaded.model, loaded.fingerprint)
+        if heads is not None:
+            heads = heads.to(dtype=loaded.model.dtype)
+        target, tokenizer = Target(loaded.model), loaded.tokenizer
+    choice = RunConfig(max_new_tokens=longest, window=parse_window(request.context_window, request.sinks))
+    window = fit_window(choice, ModelSpec(), target, prefix=0).window
+    assert not isinstance(window, AutoWindow)
+    plan = plan_rope(ModelSpec(), target.model.config, choice.replace(window=window).positions_needed(0))
+    apply_rope(target.model, plan)
+    resolved = plan.resolved(ModelSpec())
+    context = {"rope_scaling": resolved.rope_scaling, "rope_factor": resolved.rope_factor,
+               "window": dataclasses.asdict(window) if window else None}  # fmt: skip
+    return target, heads, tokenizer, context
 
 
 def _random_heads(model: Any) -> DraftHeads:
@@ -144,12 +157,14 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
     settings = request.settings()
     if request.threads:
         torch.set_num_threads(request.threads)
-    target, heads, tokenizer, rope = open_model(request)
+    target, heads, tokenizer, context = open_model(request)
+    window = context["window"]
+    settings = request.settings(ContextWindow(**window) if window else None)
     needed = max(c.context for c in settings.cases)
     text = prefix_tokens(request, tokenizer, needed)
     bench = Bench(target, heads, settings)
 
-    document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None, "rope": rope,
+    document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None, "rope": context,
                 "command": " ".join(["tokenswift", *sys.argv[1:]])}  # fmt: skip
     done: list[Result] = []
 

@@ -57,6 +57,10 @@ def bench_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the JSON/CSV/PNG results.")] = Path("."),
     name: Annotated[str, typer.Option(help="Base name of the result files.")] = "bench",
     quick: Annotated[bool, typer.Option("--quick", help="A tiny random model and short cases (seconds).")] = False,
+    context_window: Annotated[
+        str, typer.Option(help="The engine's context window: none, auto (as write) or a size such as 4k.")
+    ] = "none",
+    sinks: Annotated[int, typer.Option(min=1, help="Sink tokens of --context-window.")] = 4,
 ) -> None:
     """Measure plain decoding, TokenSwift, generate() and prompt lookup on the same prefixes, interleaved."""
     from .bench_models import BenchRequest, run_bench
@@ -67,6 +71,7 @@ def bench_command(
         context_tokens=parse_count(context_tokens), prefix_file=prefix_file,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()), sampling=sampling, seed=seed,
         draft=draft, tree=tree, ngram_top_k=ngram_top_k, repeats=repeats, threads=threads, quick=quick,
+        context_window=context_window, sinks=sinks,
     )  # fmt: skip
     try:
         run_bench(request, out_dir=out, name=name)
