@@ -74,4 +74,4 @@ def test_bench_runs_the_engine_under_a_context_window(tmp_path) -> None:  # type
     results, _ = run_bench(request, out_dir=tmp_path, name="w")
     assert all(r.equal_to_plain for r in results if r.method == "tokenswift")
     document = json.loads((tmp_path / "w.json").read_text())
-    assert document["rope"]["window"] == {"size": 16, "sinks": 4}
+    assert document["settings"]["rope"]["window"] == {"size": 16, "sinks": 4}
