@@ -109,7 +109,10 @@ def test_write_defaults_are_the_library_defaults(captured: dict[str, Any], prefi
     assert captured["write"] == {
         "prefix": PREFIX,
         "config": RunConfig(
-            max_new_tokens=2000, sampling=defaults.EMBEDDED, draft=DraftConfig().drafting("auto"), window=AutoWindow()
+            max_new_tokens=2000,
+            sampling=defaults.EMBEDDED,
+            draft=DraftConfig().drafting("auto"),
+            window=AutoWindow(size=4092),
         ),
         "model": ModelSpec(),
         "heads": "default",

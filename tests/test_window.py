@@ -28,6 +28,7 @@ from tokenswift_cli.config import (
     SamplingConfig,
 )
 from tokenswift_cli.decode import generate, generate_tokens
+from tokenswift_cli.defaults import automatic_window
 from tokenswift_cli.run_model import fit_window
 from tokenswift_cli.state import TREE_HEADROOM, full_capacity, prefill
 from tokenswift_cli.target import Target
@@ -208,3 +209,6 @@ def test_the_automatic_window_is_the_trained_length_once_a_run_outgrows_it() -> 
     stock = Target(target.model, lean=False)
     assert fit_window(auto, ModelSpec(), stock, prefix=200).window is None
     assert fit_window(auto.replace(window=WINDOW), ModelSpec(), target, prefix=200).window == WINDOW
+    smaller = auto.replace(window=AutoWindow(sinks=4, size=1000))
+    assert fit_window(smaller, ModelSpec(), target, prefix=200).window == ContextWindow(size=1000, sinks=4)
+    assert automatic_window("default").size == 4092 and automatic_window("some/model").size is None

@@ -128,7 +128,9 @@ def open_model(request: BenchRequest) -> tuple[Target, DraftHeads | None, Any, d
         if heads is not None:
             heads = heads.to(dtype=loaded.model.dtype)
         target, tokenizer = Target(loaded.model), loaded.tokenizer
-    choice = RunConfig(max_new_tokens=longest, window=parse_window(request.context_window, request.sinks))
+    choice = RunConfig(
+        max_new_tokens=longest, window=parse_window(request.context_window, request.sinks, request.model)
+    )
     window = fit_window(choice, ModelSpec(), target, prefix=0).window
     assert not isinstance(window, AutoWindow)
     plan = plan_rope(ModelSpec(), target.model.config, choice.replace(window=window).positions_needed(0))

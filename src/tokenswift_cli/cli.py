@@ -230,7 +230,7 @@ def write(
         # The Literal-typed fields are checked by the configs themselves (one-line ConfigError).
         config = RunConfig(
             max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,
-            draft=drafting, window=parse_window(context_window, sinks),
+            draft=drafting, window=parse_window(context_window, sinks, model),
         )  # fmt: skip
         spec = ModelSpec(
             name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),

@@ -113,9 +113,11 @@ DEFAULT_SINKS = 4
 
 @dataclass(frozen=True)
 class AutoWindow:
-    """A context window of the model's trained length once a run outgrows it (see `run_model.fit_window`)."""
+    """A context window once a run outgrows the model's trained length (see `run_model.fit_window`):
+    of `size` tokens, or (None) of the trained length."""
 
     sinks: int = DEFAULT_SINKS
+    size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from .config import AutoWindow, ConfigError, ContextWindow, DraftConfig, SamplingConfig
+from .defaults import automatic_window
 
 _SAMPLING = SamplingConfig()
 _DRAFT = DraftConfig()
@@ -46,11 +47,11 @@ def parse_tree(text: str) -> tuple[int, ...]:
     return widths
 
 
-def parse_window(text: str, sinks: int) -> ContextWindow | AutoWindow | None:
-    """`--context-window`: "auto", "none" or a token count (the window, sinks not included)."""
+def parse_window(text: str, sinks: int, model: str = "default") -> ContextWindow | AutoWindow | None:
+    """`--context-window`: "auto" (the model's measured default), "none" or a size (sinks not included)."""
     choice = text.strip().lower()
     if choice in ("auto", "none"):
-        return None if choice == "none" else AutoWindow(sinks)
+        return None if choice == "none" else automatic_window(model, sinks)
     return ContextWindow(size=parse_tokens(text), sinks=sinks)
 
 

@@ -91,14 +91,16 @@ def fit_rope(model: RunModel, spec: ModelSpec, total_tokens: int, note: Callable
 
 def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) -> RunConfig:
     """`config` with its context window resolved. `AutoWindow` (with rope scaling "auto") gives a run
-    that outgrows the model's trained length a window of that length, so that no distance exceeds
-    what the model was trained on; a shorter run, or an explicit rope choice, gets none."""
+    that outgrows the model's trained length a window (of the trained length unless it says smaller),
+    so that no distance exceeds what the model was trained on; a shorter run, or an explicit rope
+    choice, gets none."""
     choice = config.window
     if isinstance(choice, AutoWindow):
         trained = trained_length(target.model.config)
         outgrows = prefix + config.max_new_tokens > trained
         fits = outgrows and spec.rope_scaling == "auto" and target.lean
-        choice = ContextWindow(size=trained - choice.sinks, sinks=choice.sinks) if fits else None
+        size = min(choice.size or trained - choice.sinks, trained - choice.sinks)
+        choice = ContextWindow(size=size, sinks=choice.sinks) if fits else None
     return config.replace(window=choice)
 
 
