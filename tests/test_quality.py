@@ -93,6 +93,19 @@ def test_sliding_window_differs_from_full_context_only_past_the_window() -> None
         token_nll(model, tokens, window=16, stride=32)
 
 
+def test_full_context_under_a_context_window() -> None:
+    from tokenswift_cli.config import ContextWindow
+
+    model = tiny_model("llama-gqa", seed=1)
+    tokens = torch.randint(2, 96, (200,), generator=torch.Generator().manual_seed(2)).tolist()
+    full = token_nll(model, tokens, window=None, stride=64)
+    wide = token_nll(model, tokens, window=None, stride=64, context=ContextWindow(size=1000))
+    torch.testing.assert_close(wide, full, atol=1e-4, rtol=1e-4)  # the engine's forward = the stock one
+    narrow = token_nll(model, tokens, window=None, stride=64, context=ContextWindow(size=32, sinks=4), first=10)
+    torch.testing.assert_close(narrow[: 36 - 10], full[9:35], atol=1e-4, rtol=1e-4)  # within the span: the same
+    assert narrow.shape == full[9:].shape and not torch.allclose(narrow[60:], full[69:], atol=1e-3)
+
+
 def test_evaluate_by_position_with_a_context() -> None:
     tokenizer = word_tokenizer()
     model = tiny_model("llama-gqa", seed=1)  # vocab 96 covers the 12 words

@@ -47,6 +47,11 @@ def eval_command(
         str, typer.Option("--rope-scaling", help="auto, yarn or none: the model's rope for --full-context.")
     ] = "auto",
     rope_factor: Annotated[float | None, typer.Option("--rope-factor", help="YaRN factor (default: sized).")] = None,
+    context_window: Annotated[
+        str,
+        typer.Option("--context-window", help="none or a size such as 4092: the engine's window, for --full-context."),
+    ] = "none",
+    sinks: Annotated[int, typer.Option("--sinks", min=1, help="Sink tokens of --context-window.")] = 4,
     perplexity: Annotated[bool, typer.Option("--perplexity/--no-perplexity", help="Load the model for NLL.")] = True,
     runs_dir: RunsDirOpt = None,
     json_out: JsonOpt = False,
@@ -55,13 +60,17 @@ def eval_command(
     from .cli import errors
 
     with errors():
-        from .config import ModelSpec
+        from .config import ContextWindow, ModelSpec
+        from .options import parse_tokens
         from .quality import EvalWindows, evaluate_text, markdown
 
         text, context = _find_text(source, prefix, runs_dir)
         spec = ModelSpec(name=model, dtype=dtype, device=device,  # type: ignore[arg-type]
                          rope_scaling=rope_scaling, rope_factor=rope_factor)  # type: ignore[arg-type]  # fmt: skip
-        windows = EvalWindows(bucket, distinct_window, None if full_context else window, min(stride, window))
+        chosen = (
+            None if context_window.strip().lower() == "none" else ContextWindow(parse_tokens(context_window), sinks)
+        )
+        windows = EvalWindows(bucket, distinct_window, None if full_context else window, min(stride, window), chosen)
         head, report = evaluate_text(text, spec, context=context, windows=windows, perplexity=perplexity)
     if json_out:
         typer.echo(json.dumps({"source": source, **head, **report.to_dict()}, indent=1))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .config import ModelSpec
+from .config import ContextWindow, ModelSpec, RunConfig
 from .loading import ModelLoadError, Tokenizer, load_model
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n+")
@@ -38,6 +38,7 @@ class EvalWindows:
     distinct_window: int = 10_000
     window: int | None = 2048
     stride: int = 1024
+    context: ContextWindow | None = None  # full context under the engine's context window (see config.py)
 
 
 @dataclass(frozen=True)
@@ -85,15 +86,19 @@ def token_nll(
     window: int | None = 2048,
     stride: int = 1024,
     first: int = 1,
+    context: ContextWindow | None = None,
 ) -> torch.Tensor:
     """NLL `[len(tokens) - first]` of tokens[first:] (first >= 1), each predicted from its prefix.
 
-    `window` None: the whole prefix, processed in `stride`-sized chunks with a cache.
+    `window` None: the whole prefix, processed in `stride`-sized chunks with a cache; with `context`,
+    as the engine sees it under that context window (sinks + recent tokens).
     """
     if window is not None and not 0 < stride <= window:
         raise ValueError("the stride must be in (0, window]")
     ids = torch.tensor([int(t) for t in tokens], device=model.device)  # [n]
     first = max(1, first)
+    if window is None and context is not None:
+        return _nll_windowed(model, ids, stride, first, context)
     if window is None:
         return _nll_full(model, ids, stride, first)
     out: list[torch.Tensor] = []
@@ -116,6 +121,31 @@ def _nll_full(model: PreTrainedModel, ids: torch.Tensor, chunk: int, first: int)
         nll = _nll_span(model, ids[begin : min(end + 1, ids.shape[0])], 1, cache, feed=end - begin)
         keep = torch.arange(begin + 1, begin + 1 + nll.shape[0]) >= first  # [scored]
         out.append(nll[keep])
+    return torch.cat(out)
+
+
+def _nll_windowed(
+    model: PreTrainedModel, ids: torch.Tensor, chunk: int, first: int, context: ContextWindow
+) -> torch.Tensor:
+    """Full-context NLL through the engine's forward and cache, under a context window."""
+    from .cache import FullCache
+    from .state import TREE_HEADROOM, prefill_chunk
+    from .target import Target
+
+    target = Target(model)
+    chunk = prefill_chunk(RunConfig(max_new_tokens=1, prefill_chunk=chunk, window=context))
+    cache = FullCache(
+        target.num_layers, capacity=context.span + context.size // 4 + chunk + TREE_HEADROOM, window=context
+    )
+    out = []
+    for begin in range(0, ids.shape[0] - 1, chunk):
+        forward = target.forward(ids[begin : begin + chunk], cache)
+        cache.commit(range(forward.hidden.shape[0]))
+        cache.evict()
+        targets = ids[begin + 1 : begin + 1 + chunk]  # [scored]
+        logits = target.logits(forward.hidden[: targets.shape[0]])
+        nll = torch.nn.functional.cross_entropy(logits, targets, reduction="none").cpu()
+        out.append(nll[torch.arange(begin + 1, begin + 1 + nll.shape[0]) >= first])
     return torch.cat(out)
 
 
@@ -183,11 +213,13 @@ def evaluate(
     distinct_window: int = 10_000,
     window: int | None = 2048,
     stride: int = 1024,
+    context: ContextWindow | None = None,
 ) -> QualityReport:
     """Every metric for `tokens` (a text after `prefix`, which is context only); NLL when `model` is given."""
     nll = None
     if model is not None and tokens and len(prefix) + len(tokens) > 1:
-        scored = token_nll(model, [*prefix, *tokens], window=window, stride=stride, first=max(1, len(prefix)))
+        first = max(1, len(prefix))
+        scored = token_nll(model, [*prefix, *tokens], window=window, stride=stride, first=first, context=context)
         nll = scored[-len(tokens) :] if prefix else torch.cat([torch.full((1,), math.nan), scored])  # [n]
     seen: set[str] = set()
     buckets = []
@@ -220,15 +252,20 @@ def evaluate_text(
     tokenizer = loaded.tokenizer
     tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
     before = tokenizer(context, add_special_tokens=False)["input_ids"] if context else []
+    context_window = windows.context if windows.window is None else None
+    positions = len(before) + len(tokens)
+    if context_window is not None:
+        positions = min(positions, context_window.span)
     if perplexity and windows.window is None and spec.rope_scaling != "none":
-        loaded = load_model(spec, total_tokens=len(before) + len(tokens))
+        loaded = load_model(spec, total_tokens=positions)
     report = evaluate(
         tokens, tokenizer, loaded.model if perplexity else None, prefix=before, bucket=windows.bucket,
-        distinct_window=windows.distinct_window, window=windows.window, stride=windows.stride,
+        distinct_window=windows.distinct_window, window=windows.window, stride=windows.stride, context=context_window,
     )  # fmt: skip
     used = loaded.spec or ModelSpec(rope_scaling="none")
     head = {"model": spec.name, "context_tokens": len(before), "full_context": windows.window is None,
-            "rope": used.rope_scaling, "rope_factor": used.rope_factor}  # fmt: skip
+            "rope": used.rope_scaling, "rope_factor": used.rope_factor,
+            "context_window": dataclasses.asdict(context_window) if context_window else None}  # fmt: skip
     return head, report
 
 
