@@ -179,9 +179,9 @@ def window_attention(
     if block_mask is None:
         block_mask = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()
     lowest = positions - size + 1  # [q]: the earliest recent position each row sees
+    assert max(sinks, int(lowest.min())) >= first_recent, "a position the window still needs was dropped"
     shared_from = max(first_recent, int(lowest.max()))  # every row sees [shared_from, committed)
     edge_from = max(first_recent, int(lowest.min()))
-    assert edge_from >= first_recent, "a position the window still needs was dropped"
     edge_positions = torch.arange(edge_from, shared_from, device=query.device)  # [e]
     edge = slice(sinks + edge_from - first_recent, sinks + shared_from - first_recent)
     visible = torch.cat(

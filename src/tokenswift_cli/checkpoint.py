@@ -235,12 +235,12 @@ def restore(
     saved = load(_read_verified(folder, state_entry))
     tokens = saved["tokens"].tolist()
     prefix_length = info["prefix_length"]
-    capacity = max(full_capacity(cfg, prefix_length), len(tokens) + TREE_HEADROOM if cfg.window is None else 0)
-    full = FullCache(num_layers, capacity=capacity, window=cfg.window)
+    window = cfg.context_window
+    capacity = max(full_capacity(cfg, prefix_length), len(tokens) + TREE_HEADROOM if window is None else 0)
+    full = FullCache(num_layers, capacity=capacity, window=window)
     # With a context window only the sinks and the positions the next token sees are loaded.
-    needed_from = len(tokens) - cfg.window.size + 1 if cfg.window is not None else 0
+    needed_from = len(tokens) - window.size + 1 if window is not None else 0
     for entry in entries:
-        window = cfg.window
         if window is not None and full.length >= window.sinks and entry["end"] <= needed_from:
             continue
         if entry["start"] > full.length and window is not None and window.sinks <= full.length:
@@ -251,7 +251,7 @@ def restore(
         for i in range(num_layers):
             full.load_segment(i, tensors[f"keys.{i}"][None].to(device), tensors[f"values.{i}"][None].to(device))
         full.evict()
-    if cfg.window is not None and full.first_recent > max(needed_from, cfg.window.sinks):
+    if window is not None and full.first_recent > max(needed_from, window.sinks):
         raise CheckpointError(f"the checkpoint of {run_dir.name} lacks keys/values its context window needs")
     if full.length != len(tokens) or len(tokens) != info["tokens"]:
         raise CheckpointError(
@@ -259,6 +259,7 @@ def restore(
         )
     partial, draft = None, cfg.draft
     if uses_partial_cache(cfg):
+        assert draft.partial_budget is not None
         partial = PartialCache(
             num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window
         )

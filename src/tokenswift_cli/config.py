@@ -161,6 +161,14 @@ class RunConfig:
         _check(self.mode in ("tokenswift", "plain"), f"unknown mode {self.mode!r}: use tokenswift or plain")
         _check(self.prefill_chunk >= 1, "prefill chunk must be >= 1")
 
+    @property
+    def context_window(self) -> ContextWindow | None:
+        """The window of a run about to start; an `AutoWindow` must have been resolved."""
+        window = self.window
+        if isinstance(window, AutoWindow):
+            raise ConfigError("resolve the automatic context window first (run_model.fit_window)")
+        return window
+
     def positions_needed(self, prefix_length: int) -> int:
         """The farthest relative position the model must handle: the whole text, or the window's span."""
         total = prefix_length + self.max_new_tokens

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import FullCache, PartialCache, _PreallocatedCache
-from .config import AutoWindow, ConfigError, RunConfig
+from .config import ConfigError, RunConfig
 from .metrics import Stats
 from .ngram import NGramTable
 from .sampling import choose
@@ -79,16 +79,16 @@ class GenerationState:
 
 def full_capacity(cfg: RunConfig, prefix_length: int) -> int:
     """Rows the full cache needs: the whole text, or with a context window what it holds at most."""
-    needed = prefix_length + cfg.max_new_tokens + TREE_HEADROOM
-    if cfg.window is None:
+    needed, window = prefix_length + cfg.max_new_tokens + TREE_HEADROOM, cfg.context_window
+    if window is None:
         return needed
-    held = cfg.window.sinks + cfg.window.size + cfg.window.size // 4 + prefill_chunk(cfg) + TREE_HEADROOM
-    return min(needed, held)
+    return min(needed, window.span + window.size // 4 + prefill_chunk(cfg) + TREE_HEADROOM)
 
 
 def prefill_chunk(cfg: RunConfig) -> int:
     """Under a window, chunks no longer than the window: the sinks are cached before any row needs them."""
-    return cfg.prefill_chunk if cfg.window is None else min(cfg.prefill_chunk, cfg.window.size)
+    window = cfg.context_window
+    return cfg.prefill_chunk if window is None else min(cfg.prefill_chunk, window.size)
 
 
 def uses_partial_cache(cfg: RunConfig) -> bool:
@@ -101,11 +101,9 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     if not prompt:
         raise ValueError("the prefix must hold at least one token")
     tokens = [int(t) for t in prompt]
-    if isinstance(cfg.window, AutoWindow):
-        raise ConfigError("resolve the automatic context window first (run_model.fit_window)")
-    if cfg.window is not None and not target.lean:
+    if cfg.context_window is not None and not target.lean:
         raise ConfigError("a context window needs a llama, qwen2 or mistral model with full attention")
-    full = FullCache(target.num_layers, capacity=full_capacity(cfg, len(tokens)), window=cfg.window)
+    full = FullCache(target.num_layers, capacity=full_capacity(cfg, len(tokens)), window=cfg.context_window)
     stats = Stats()
     capture = QueryCapture(row=-1)
     with stats.phase("prefill", target.device):

@@ -172,7 +172,8 @@ class Target:
         cos, sin = self.decoder.rotary_emb(x, positions)
         window = cache.window if isinstance(cache, FullCache) else None
         windowed = None
-        if window is not None and int(positions.max()) >= window.span:  # some row no longer sees everything
+        if window is not None and int(positions.max()) >= window.span:
+            assert isinstance(cache, FullCache)  # some row no longer sees everything
             sink_cos, sink_sin = self.decoder.rotary_emb(x, positions.clamp(max=window.span - 1))
             windowed = _Windowed(cache, positions[0], sink_cos[:, None], sink_sin[:, None])
         for index, layer in enumerate(self.decoder.layers):
@@ -205,10 +206,11 @@ class Target:
             capture.queries[attn.layer_idx] = query[0, :, capture.row]  # [heads, d]
         committed = cache.stored
         keys, values = cache.update(key, value)  # [1, kv_heads, committed + q, d]
+        scaling = attn.scaling
         if windowed is None:
-            out = attend(query, keys, values, committed=committed, block_mask=block_mask, scaling=attn.scaling)
+            out = attend(query, keys, values, committed=committed, block_mask=block_mask, scaling=scaling)
         else:
-            out = windowed.attend(raw_query, query, keys, values, block_mask=block_mask, scaling=attn.scaling)
+            out = windowed.attend(raw_query, query, keys, values, block_mask=block_mask, scaling=scaling)
         x = x + attn.o_proj(out)
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
