@@ -50,3 +50,23 @@ def test_sampling_with_the_papers_settings_equals_plain(default_target) -> None:
     plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=128, mode="plain", sampling=sampling))
     fast, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=128, sampling=sampling))
     assert first_divergence(fast, plain) is None
+
+
+@pytest.mark.parametrize("window", [None, 124], ids=["full", "window"])
+def test_bfloat16_tokenswift_equals_bfloat16_plain_with_the_defaults(window: int | None) -> None:
+    """bfloat16 is lossless too, through the batch-invariant verification (exact_attention.py)."""
+    from tokenswift_cli.config import ContextWindow
+    from tokenswift_cli.defaults import EMBEDDED
+    from tokenswift_cli.heads import load_heads, shipped_heads
+
+    loaded = load_model(ModelSpec(dtype="bfloat16"))
+    target = Target(loaded.model)
+    shipped = shipped_heads("default")
+    assert shipped is not None
+    heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint).to(torch.bfloat16)
+    prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
+    context = ContextWindow(size=window) if window else None
+    cfg = RunConfig(max_new_tokens=200, sampling=EMBEDDED, window=context, draft=DraftConfig().drafting("auto"))
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    fast, _ = generate_tokens(target, heads, prompt, cfg)
+    assert first_divergence(fast, plain) is None

@@ -22,6 +22,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotat
 
 from .attention import attend, window_attention
 from .cache import FullCache, PreallocatedLayer, _PreallocatedCache
+from .config import ContextWindow
+from .exact_attention import exact_attention, exact_rows
 
 ATTENTION_NAME = "tokenswift"
 
@@ -126,6 +128,7 @@ class Target:
         block_mask: torch.Tensor | None = None,
         capture: QueryCapture | None = None,
         start: int | None = None,
+        exact: bool = False,
     ) -> Forward:
         """Run `tokens` `[q]` after the committed positions of `cache`.
 
@@ -133,6 +136,8 @@ class Target:
         partial cache holds fewer positions than the text it drafts for) and sees every
         committed position plus the new tokens allowed by `block_mask` `[q, q]` (default: causal).
         The new keys/values are written after the committed ones; `cache.length` does not move.
+        `exact`: in bfloat16/float16, each token's result does not depend on the others in the batch
+        (`exact_attention.py`), so a verified tree and plain decoding agree bit for bit.
         """
         q_len = tokens.shape[0]
         start = cache.length if start is None else start
@@ -140,7 +145,7 @@ class Target:
             depths = torch.arange(q_len)
         positions = (depths + start).to(self.device)[None]  # [1, q]
         if self.lean:
-            return self._lean_forward(tokens.to(self.device), positions, cache, block_mask, capture)
+            return self._lean_forward(tokens.to(self.device), positions, cache, block_mask, capture, exact)
         mask = None
         if q_len > 1:
             if block_mask is None:
@@ -166,20 +171,21 @@ class Target:
         cache: _PreallocatedCache,
         block_mask: torch.Tensor | None,
         capture: QueryCapture | None,
+        exact: bool,
     ) -> Forward:
         """The decoder's computation through its own modules, without masks or cache bookkeeping."""
         x = self.decoder.embed_tokens(tokens[None])  # [1, q, hidden]
         cos, sin = self.decoder.rotary_emb(x, positions)
         window = cache.window if isinstance(cache, FullCache) else None
-        windowed = None
-        if window is not None and int(positions.max()) >= window.span:
-            assert isinstance(cache, FullCache)  # some row no longer sees everything
+        first_recent = cache.first_recent if isinstance(cache, FullCache) else 0
+        exact = exact and self.dtype != torch.float32 and (window is None or cache.length >= window.sinks)
+        sink_rotation = None
+        if window is not None and (exact or int(positions.max()) >= window.span):
             sink_cos, sink_sin = self.decoder.rotary_emb(x, positions.clamp(max=window.span - 1))
-            windowed = _Windowed(cache, positions[0], sink_cos[:, None], sink_sin[:, None])
+            sink_rotation = (sink_cos[:, None], sink_sin[:, None])
+        plan = _AttentionPlan(positions[0], block_mask, window, cache.length, first_recent, sink_rotation, exact)
         for index, layer in enumerate(self.decoder.layers):
-            x = self._lean_layer(
-                layer, x, (cos, sin), cache.layer_list[index], block_mask=block_mask, capture=capture, windowed=windowed
-            )
+            x = self._lean_layer(layer, x, (cos, sin), cache.layer_list[index], plan=plan, capture=capture)
         return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
 
     def _lean_layer(
@@ -189,30 +195,26 @@ class Target:
         rotary: tuple[torch.Tensor, torch.Tensor],
         cache: PreallocatedLayer,
         *,
-        block_mask: torch.Tensor | None,
+        plan: _AttentionPlan,
         capture: QueryCapture | None,
-        windowed: _Windowed | None,
     ) -> torch.Tensor:
         """One decoder layer (pre-norm attention + MLP), as the family's own `forward` computes it."""
         attn = layer.self_attn
+        rows = exact_rows if plan.exact else _whole
         hidden = layer.input_layernorm(x)  # [1, q, hidden]
         shape = (1, x.shape[1], -1, attn.head_dim)
-        query = attn.q_proj(hidden).view(shape).transpose(1, 2)  # [1, heads, q, d]
-        key = attn.k_proj(hidden).view(shape).transpose(1, 2)  # [1, kv_heads, q, d]
-        value = attn.v_proj(hidden).view(shape).transpose(1, 2)
+        query = rows(attn.q_proj, hidden).view(shape).transpose(1, 2)  # [1, heads, q, d]
+        key = rows(attn.k_proj, hidden).view(shape).transpose(1, 2)  # [1, kv_heads, q, d]
+        value = rows(attn.v_proj, hidden).view(shape).transpose(1, 2)
         raw_query = query
         query, key = apply_rotary_pos_emb(query, key, *rotary)
         if capture is not None:
             capture.queries[attn.layer_idx] = query[0, :, capture.row]  # [heads, d]
-        committed = cache.stored
-        keys, values = cache.update(key, value)  # [1, kv_heads, committed + q, d]
-        scaling = attn.scaling
-        if windowed is None:
-            out = attend(query, keys, values, committed=committed, block_mask=block_mask, scaling=scaling)
-        else:
-            out = windowed.attend(raw_query, query, keys, values, block_mask=block_mask, scaling=scaling)
-        x = x + attn.o_proj(out)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        stored = cache.stored
+        keys, values = cache.update(key, value)  # [1, kv_heads, stored + q, d]
+        out = plan.attend(raw_query, query, keys, values, stored=stored, scaling=attn.scaling)
+        x = x + rows(attn.o_proj, out)
+        return x + rows(layer.mlp, layer.post_attention_layernorm(x))
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -220,14 +222,21 @@ class Target:
         return self.lm_head(hidden.to(self.lm_head.weight.device)).float()
 
 
-@dataclass(frozen=True)
-class _Windowed:
-    """What a forward under a context window needs besides the normal rotation: the sinks' rotation."""
+def _whole(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
 
-    cache: FullCache
+
+@dataclass(frozen=True)
+class _AttentionPlan:
+    """How every layer of one forward attends: the fast path, under a context window, or exactly."""
+
     positions: torch.Tensor  # [q]
-    sink_cos: torch.Tensor  # [1, 1, q, d]: rotation at min(position, window span - 1)
-    sink_sin: torch.Tensor
+    block_mask: torch.Tensor | None
+    window: ContextWindow | None
+    committed: int  # positions of the text before the new tokens
+    first_recent: int  # the first position held after the sinks (see `FullCache.first_recent`)
+    sink_rotation: tuple[torch.Tensor, torch.Tensor] | None  # cos/sin at min(position, window span - 1)
+    exact: bool
 
     def attend(
         self,
@@ -236,14 +245,31 @@ class _Windowed:
         keys: torch.Tensor,
         values: torch.Tensor,
         *,
-        block_mask: torch.Tensor | None,
+        stored: int,
         scaling: float,
     ) -> torch.Tensor:
-        window = self.cache.window
+        window, mask = self.window, self.block_mask
+        if self.sink_rotation is None:
+            if self.exact:
+                q_len = query.shape[2]
+                mask = mask if mask is not None else torch.ones(q_len, q_len, dtype=torch.bool).tril()
+                return exact_attention(
+                    query, keys, values, positions=self.positions, committed=self.committed, block_mask=mask,
+                    scaling=scaling,
+                )  # fmt: skip
+            return attend(query, keys, values, committed=stored, block_mask=mask, scaling=scaling)
         assert window is not None
-        sink_query = raw_query * self.sink_cos + rotate_half(raw_query) * self.sink_sin
+        cos, sin = self.sink_rotation
+        sink_query = raw_query * cos + rotate_half(raw_query) * sin
+        if self.exact:
+            q_len = query.shape[2]
+            mask = mask if mask is not None else torch.ones(q_len, q_len, dtype=torch.bool).tril()
+            return exact_attention(
+                query, keys, values, positions=self.positions, committed=self.committed, block_mask=mask,
+                scaling=scaling, first_recent=self.first_recent, sinks=window.sinks, sink_query=sink_query,
+                window=window.size,
+            )  # fmt: skip
         return window_attention(
-            query, sink_query, keys, values, positions=self.positions, committed=self.cache.length,
-            first_recent=self.cache.first_recent, sinks=window.sinks, size=window.size,
-            block_mask=block_mask, scaling=scaling,
+            query, sink_query, keys, values, positions=self.positions, committed=self.committed,
+            first_recent=self.first_recent, sinks=window.sinks, size=window.size, block_mask=mask, scaling=scaling,
         )  # fmt: skip

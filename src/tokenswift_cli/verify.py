@@ -20,6 +20,10 @@ from .sampling import choose
 from .target import QueryCapture, Target
 from .tree import Tree
 
+# oneDNN's bfloat16 products keep a row's result for any number of rows only up to ~27 rows on this
+# CPU (see exact_attention.py): batches stay below, so a node's logits do not depend on its siblings.
+LOGITS_BATCH = 16
+
 
 class NodeLogits:
     """Logits of trie nodes, computed only for the nodes the acceptance walk visits.
@@ -37,6 +41,7 @@ class NodeLogits:
         """Float32 logits `[vocab]` of `node`."""
         if node not in self._rows:
             batch = [node, *(c for c in self._tree.children[node].values() if c not in self._rows)]
+            batch = batch[:LOGITS_BATCH]
             logits = self._target.logits(self._hidden[batch])  # [len(batch), vocab]
             self._rows.update(zip(batch, logits, strict=True))
         return self._rows[node]
@@ -66,7 +71,7 @@ class Acceptance:
 def verify(target: Target, tree: Tree, cache: FullCache) -> Verified:
     """Score every trie node against the full cache in one forward (tree mask, positions n + depth)."""
     capture = QueryCapture(row=0)
-    forward = target.forward(tree.tokens, cache, depths=tree.depths, block_mask=tree.mask, capture=capture)
+    forward = target.forward(tree.tokens, cache, depths=tree.depths, block_mask=tree.mask, capture=capture, exact=True)
     logits = NodeLogits(target, tree, forward.hidden)
     return Verified(logits=logits, pre_norm=forward.pre_norm, queries=capture.ordered())
 
