@@ -1,6 +1,6 @@
 """Cost of the batch-invariant (exact) bfloat16 verification against the fast path, interleaved.
 
-    python benchmarks/exact_attention.py --context 4096 --threads 1 [--window 4092]
+    python benchmarks/exact_attention.py --context 4096 --threads 1 [--window 4092] [--float32]
 
 Prefills the first --context tokens of a book, then times, alternately, one verification forward of
 the root alone (a plain step) and of a chain of --nodes tokens, with exact=True and exact=False;
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--float32", action="store_true", help="Also time the float32 fast path (the default dtype).")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelSpec(dtype="bfloat16", rope_scaling="none"))
@@ -46,6 +47,14 @@ def main() -> None:
                 start = time.perf_counter()
                 target.forward(chain[:rows], state.full, exact=exact)
                 times.setdefault(f"{rows} row(s), exact={exact}", []).append(time.perf_counter() - start)
+    if args.float32:
+        target32 = Target(load_model(ModelSpec(dtype="float32", rope_scaling="none")).model)
+        state32 = prefill(target32, tokens, RunConfig(max_new_tokens=64, mode="plain", window=window))
+        for _ in range(args.repeats):
+            for rows in (1, args.nodes):
+                start = time.perf_counter()
+                target32.forward(chain[:rows], state32.full)
+                times.setdefault(f"{rows} row(s), float32", []).append(time.perf_counter() - start)
     for name, values in times.items():
         print(f"{name}: {1000 * statistics.median(values):.1f} ms")
 

@@ -92,9 +92,10 @@ def exact_attention(
     pad = max(0, first_recent - start) if start < committed else 0  # dropped slots before the held ones
 
     packed = pack_queries(query, kv)  # [1, kv, g*q, d]
-    zeros = keys.new_zeros(1, kv, pad, keys.shape[-1])
-    cache_keys = torch.cat([zeros, keys[:, :, cached]], dim=2)  # [1, kv, committed - start, d]
-    cache_values = torch.cat([zeros, values[:, :, cached]], dim=2)
+    cache_keys, cache_values = keys[:, :, cached], values[:, :, cached]  # [1, kv, committed - start, d]
+    if pad:  # slots before the first held position: zeros, which no row sees
+        zeros = keys.new_zeros(1, kv, pad, keys.shape[-1])
+        cache_keys, cache_values = torch.cat([zeros, cache_keys], dim=2), torch.cat([zeros, cache_values], dim=2)
     shared = cache_blocks * block  # slots in blocks of cached positions only: the same keys for every row
     # Blocks holding new positions, per tree row: the cached tail, then the row's own ancestors.
     mixed = (end - start) // block - cache_blocks
