@@ -105,8 +105,8 @@ ContextWindowOpt = Annotated[
     str,
     typer.Option(
         "--context-window",
-        help="auto (past the trained length, attend to the last trained-length tokens + --sinks), none, "
-        "or a size such as 4k.",
+        help="auto (once a run outgrows the model's trained length: the last 4,092 tokens + --sinks for the "
+        "embedded model, the trained length for others), none (full context, YaRN), or a size such as 4k.",
         rich_help_panel=_MODEL,
     ),
 ]
