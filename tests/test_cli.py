@@ -129,10 +129,19 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--seed", "9", "--mode", "plain", "--tree", "1,2,2", "--draft", "verify", "--threads", "1",
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
+        "--dry", "0.8",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
-        temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, eta=0.01, penalty=1.2, penalty_window=64, seed=9
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        min_p=0.05,
+        eta=0.01,
+        penalty=1.2,
+        penalty_window=64,
+        seed=9,
+        dry_multiplier=0.8,
     )
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify")
     assert captured["write"] == {

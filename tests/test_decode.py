@@ -159,3 +159,29 @@ def test_the_draft_pass_on_the_partial_cache_sits_at_the_texts_position() -> Non
     finally:
         hook.remove()
     assert seen == [[len(state.tokens)]]
+
+
+def test_dry_penalises_the_token_that_extends_a_repeat() -> None:
+    from tokenswift_cli.sampling import dry_penalties
+
+    cfg = SamplingConfig(temperature=1.0, dry_multiplier=0.8, dry_base=2.0, dry_allowed_length=2)
+    penalties = dry_penalties(torch.tensor([1, 2, 3, 4, 9, 1, 2, 3]), 10, cfg)  # "1 2 3" again: 4 would repeat it
+    expected = torch.zeros(10)
+    expected[4] = 0.8 * 2.0 ** (3 - 2)
+    assert torch.equal(penalties, expected)
+    assert dry_penalties(torch.tensor([1, 2, 3, 4, 9, 7, 2, 3]), 10, cfg)[4] == 0.8  # "2 3": base^0
+    assert not dry_penalties(torch.tensor([5, 3, 4, 9, 7, 2, 3]), 10, cfg).any()  # "3" alone: shorter than 2
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_tokenswift_equals_plain_with_dry(greedy: bool) -> None:
+    target = tiny_target("llama-gqa")
+    heads, prompt = random_heads(target), random_prompt(150)
+    sampling = SamplingConfig(temperature=0.0 if greedy else 1.0, min_p=0.05, dry_multiplier=0.8, dry_range=96, seed=4)
+    cfg = RunConfig(max_new_tokens=TOKENS, sampling=sampling, draft=SMALL_PARTIAL)
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    fast, stats = generate_tokens(target, heads, prompt, cfg)
+    undry, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain", sampling=SamplingConfig(
+        temperature=sampling.temperature, min_p=0.05, seed=4)))  # fmt: skip
+    assert first_divergence(fast, plain) is None
+    assert stats.iterations < TOKENS and plain != undry

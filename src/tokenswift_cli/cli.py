@@ -42,6 +42,7 @@ from .options import (
     ContextWindowOpt,
     DeviceOpt,
     DraftOpt,
+    DryOpt,
     DTypeOpt,
     EtaOpt,
     HeadsOpt,
@@ -201,6 +202,7 @@ def write(
     eta: EtaOpt = None,
     penalty: PenaltyOpt = None,
     penalty_window: PenaltyWindowOpt = None,
+    dry: DryOpt = None,
     seed: SeedOpt = SAMPLING_DEFAULTS.seed,
     mode: ModeOpt = "tokenswift",
     tree: TreeOpt = DEFAULT_TREE,
@@ -222,7 +224,7 @@ def write(
     with errors():
         sampling = sampling_for(
             model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
-            penalty_window=penalty_window, seed=seed,
+            penalty_window=penalty_window, seed=seed, dry_multiplier=dry,
         )  # fmt: skip
         drafting = DraftConfig(
             tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget)

@@ -35,6 +35,9 @@ class SamplingConfig:
 
     temperature 0 means greedy. `penalty` is TokenSwift's contextual repetition penalty theta,
     applied to the tokens among the last `penalty_window` tokens of each candidate's own path.
+    `dry_multiplier` turns on DRY ("don't repeat yourself", as in llama.cpp): a token that would
+    extend a repeat of `dry_allowed_length`+ earlier tokens (within `dry_range`) loses
+    multiplier * base^(length - allowed) from its logit.
     """
 
     temperature: float = 0.0
@@ -46,6 +49,10 @@ class SamplingConfig:
     penalty_window: int = 1024
     seed: int = 0
     suppress_token_ids: tuple[int, ...] = ()
+    dry_multiplier: float | None = None
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_range: int = 4096
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
@@ -56,11 +63,20 @@ class SamplingConfig:
         _check(self.penalty is None or (math.isfinite(self.penalty) and self.penalty > 0), "penalty must be > 0")
         _check(self.penalty_window >= 1, "penalty window must be >= 1")
         _check(0 <= self.seed < 2**63, "seed must be in [0, 2^63)")
+        dry = self.dry_multiplier
+        _check(dry is None or (math.isfinite(dry) and dry > 0), "the DRY multiplier must be > 0")
+        _check(math.isfinite(self.dry_base) and self.dry_base >= 1, "the DRY base must be >= 1")
+        _check(self.dry_allowed_length >= 1 and self.dry_range >= 2, "DRY needs an allowed length >= 1, a range >= 2")
         object.__setattr__(self, "suppress_token_ids", tuple(int(t) for t in self.suppress_token_ids))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def context_length(self) -> int:
+        """Tokens before a draw that the target distribution depends on (penalty window, DRY range)."""
+        return max(self.penalty_window, self.dry_range if self.dry_multiplier is not None else 0)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def draft_from_verify(
         with torch.no_grad():
             head_states = heads(leaf_pre_norm.to(next(heads.parameters()).dtype))  # [K, hidden]
         states = list(head_states[: len(cfg.tree)])
-    context = torch.tensor([*history[-sampling.penalty_window :], root], dtype=torch.long)
+    context = torch.tensor([*history[-sampling.context_length :], root], dtype=torch.long)
     return Drafts(levels=_top_levels(target, states, context, cfg.tree, sampling), ngram_key="root")
 
 
@@ -93,7 +93,7 @@ def draft(
         with torch.no_grad():
             head_states = heads(forward.pre_norm[0].to(next(heads.parameters()).dtype))  # [K, hidden]
         states += list(head_states[: depth - 1])
-    context = torch.tensor([*history[-sampling.penalty_window :], root], dtype=torch.long)
+    context = torch.tensor([*history[-sampling.context_length :], root], dtype=torch.long)
     return Drafts(levels=_top_levels(target, states, context, cfg.tree, sampling))
 
 

@@ -145,6 +145,14 @@ PenaltyOpt = Annotated[
 PenaltyWindowOpt = Annotated[
     int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back over.", rich_help_panel=_SAMPLE)
 ]
+DryOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--dry",
+        help="DRY multiplier: penalise tokens that extend a repeat of 2+ earlier tokens (off by default).",
+        rich_help_panel=_SAMPLE,
+    ),
+]
 SeedOpt = Annotated[
     int, typer.Option("--seed", help="Seed of the position-keyed random stream.", rich_help_panel=_SAMPLE)
 ]

@@ -58,8 +58,39 @@ def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConf
     scores = logits.float()[None].clone()  # [1, vocab]
     if cfg.suppress_token_ids:
         scores[0, list(cfg.suppress_token_ids)] = -float("inf")
+    if cfg.dry_multiplier is not None:
+        scores[0] -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
     window = context[-cfg.penalty_window :].to(scores.device)[None]  # [1, <= W]
     return _processors(cfg)(window, scores)[0]
+
+
+DRY_MAX_MATCH = 64  # longer repeats are penalised as this long
+
+
+def dry_penalties(context: torch.Tensor, vocab: int, cfg: SamplingConfig) -> torch.Tensor:
+    """DRY penalties `[vocab]` for the token after `context` `[n]`.
+
+    Every earlier occurrence of the last token is the end of a candidate repeat; its length is how
+    many tokens before it match the ones before the end of the context. The token that followed it
+    would extend the repeat: it loses multiplier * base^(length - allowed) when length >= allowed.
+    """
+    assert cfg.dry_multiplier is not None
+    penalties = torch.zeros(vocab, dtype=torch.float32, device=context.device)
+    n = context.shape[0]
+    if n < 2:
+        return penalties
+    ends = torch.nonzero(context[:-1] == context[-1]).flatten()  # [m]
+    if ends.numel() == 0:
+        return penalties
+    back = torch.arange(min(DRY_MAX_MATCH, n - 1), device=context.device)  # [K]
+    earlier = ends[:, None] - back[None]  # [m, K]
+    same = (earlier >= 0) & (context[earlier.clamp(min=0)] == context[n - 1 - back][None])
+    length = same.long().cumprod(-1).sum(-1)  # [m]: matching tokens, the last one included
+    hit = length >= cfg.dry_allowed_length
+    if not bool(hit.any()):
+        return penalties
+    amount = cfg.dry_multiplier * cfg.dry_base ** (length[hit] - cfg.dry_allowed_length).float()
+    return penalties.scatter_reduce(0, context[ends[hit] + 1], amount, "amax")
 
 
 def target_probs(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

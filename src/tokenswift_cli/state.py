@@ -114,7 +114,7 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
             full.commit(range(chunk.shape[0]))
             full.evict()
         logits = target.logits(forward.hidden[-1])
-    context = torch.tensor(tokens[-cfg.sampling.penalty_window :])
+    context = torch.tensor(tokens[-cfg.sampling.context_length :])
     root = choose(logits, context, len(tokens), cfg.sampling)
     partial = None
     if uses_partial_cache(cfg):

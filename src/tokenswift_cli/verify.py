@@ -78,7 +78,7 @@ def verify(target: Target, tree: Tree, cache: FullCache) -> Verified:
 
 def accept(tree: Tree, logits: torch.Tensor | NodeLogits, history: Sequence[int], cfg: SamplingConfig) -> Acceptance:
     """Walk the trie from the root; `history` holds the committed tokens (the root not included)."""
-    tail = list(history[-cfg.penalty_window :])
+    tail = list(history[-cfg.context_length :])
     node, path = 0, [int(tree.tokens[0])]
     nodes: list[int] = []
     while True:
