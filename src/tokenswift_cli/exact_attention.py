@@ -55,7 +55,7 @@ def exact_attention(
     *,
     positions: torch.Tensor,
     committed: int,
-    block_mask: torch.Tensor,
+    block_mask: torch.Tensor | None,
     scaling: float,
     first_recent: int = 0,
     sinks: int = 0,
@@ -67,12 +67,14 @@ def exact_attention(
 
     `keys`/`values` `[1, kv, stored + q, d]`: `sinks` positions, the recent ones `[first_recent,
     committed)`, then the q new tokens, which see each other as `block_mask` `[q, q]` says (a trie:
-    ancestors at consecutive positions). With `window`, row i sees the sinks (through `sink_query`)
+    ancestors at consecutive positions; default causal). With `window`, row i sees the sinks (through `sink_query`)
     and the positions after `positions[i] - window`; without, everything before it.
     """
     heads, q_len = query.shape[1], query.shape[2]
     kv, group = keys.shape[1], heads // keys.shape[1]
     device = query.device
+    if block_mask is None:
+        block_mask = torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()
     stored = sinks + committed - first_recent
     lowest = positions - window + 1 if window is not None else torch.zeros_like(positions)
     lowest = lowest.clamp(min=sinks)  # [q]: the first recent position each row sees

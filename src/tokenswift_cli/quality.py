@@ -129,14 +129,13 @@ def _nll_windowed(
 ) -> torch.Tensor:
     """Full-context NLL through the engine's forward and cache, under a context window."""
     from .cache import FullCache
-    from .state import TREE_HEADROOM, prefill_chunk
+    from .state import full_capacity, prefill_chunk
     from .target import Target
 
     target = Target(model)
-    chunk = prefill_chunk(RunConfig(max_new_tokens=1, prefill_chunk=chunk, window=context))
-    cache = FullCache(
-        target.num_layers, capacity=context.span + context.size // 4 + chunk + TREE_HEADROOM, window=context
-    )
+    cfg = RunConfig(max_new_tokens=ids.shape[0], prefill_chunk=chunk, window=context)
+    chunk = prefill_chunk(cfg)
+    cache = FullCache(target.num_layers, capacity=full_capacity(cfg, 0), window=context)
     out = []
     for begin in range(0, ids.shape[0] - 1, chunk):
         forward = target.forward(ids[begin : begin + chunk], cache)

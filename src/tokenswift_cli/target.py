@@ -251,26 +251,19 @@ class _AttentionPlan:
         scaling: float,
     ) -> torch.Tensor:
         window, mask = self.window, self.block_mask
-        if self.sink_rotation is None:
-            if self.exact:
-                q_len = query.shape[2]
-                mask = mask if mask is not None else torch.ones(q_len, q_len, dtype=torch.bool).tril()
-                return exact_attention(
-                    query, keys, values, positions=self.positions, committed=self.committed, block_mask=mask,
-                    scaling=scaling,
-                )  # fmt: skip
-            return attend(query, keys, values, committed=stored, block_mask=mask, scaling=scaling)
-        assert window is not None
-        cos, sin = self.sink_rotation
-        sink_query = raw_query * cos + rotate_half(raw_query) * sin
+        sink_query = None
+        if self.sink_rotation is not None:
+            cos, sin = self.sink_rotation
+            sink_query = raw_query * cos + rotate_half(raw_query) * sin
         if self.exact:
-            q_len = query.shape[2]
-            mask = mask if mask is not None else torch.ones(q_len, q_len, dtype=torch.bool).tril()
+            sinks = {"first_recent": self.first_recent, "sinks": window.sinks, "window": window.size} if window else {}
             return exact_attention(
                 query, keys, values, positions=self.positions, committed=self.committed, block_mask=mask,
-                scaling=scaling, first_recent=self.first_recent, sinks=window.sinks, sink_query=sink_query,
-                window=window.size,
+                scaling=scaling, sink_query=sink_query, **sinks,
             )  # fmt: skip
+        if sink_query is None:
+            return attend(query, keys, values, committed=stored, block_mask=mask, scaling=scaling)
+        assert window is not None
         return window_attention(
             query, sink_query, keys, values, positions=self.positions, committed=self.committed,
             first_recent=self.first_recent, sinks=window.sinks, size=window.size, block_mask=mask, scaling=scaling,
