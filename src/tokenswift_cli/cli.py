@@ -61,6 +61,7 @@ from .options import (
     RopeScalingOpt,
     RunArg,
     RunsDirOpt,
+    ScriptsOpt,
     SeedOpt,
     SinksOpt,
     StopAtEosOpt,
@@ -75,6 +76,7 @@ from .options import (
     parse_tree,
     parse_window,
 )
+from .scripts import parse_scripts
 
 EXTENSIONS = ("cli_runs", "cli_heads", "cli_bench", "cli_eval")
 
@@ -168,7 +170,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def sampling_for(model: str, **given: float | int | None) -> SamplingConfig:
+def sampling_for(model: str, **given: float | int | tuple[str, ...] | None) -> SamplingConfig:
     """The measured defaults for `model` (defaults.py), overridden by every flag the user set."""
     chosen = {name: value for name, value in given.items() if value is not None}
     return dataclasses.replace(default_sampling(model), **chosen)
@@ -203,6 +205,7 @@ def write(
     penalty: PenaltyOpt = None,
     penalty_window: PenaltyWindowOpt = None,
     dry: DryOpt = None,
+    scripts: ScriptsOpt = None,
     seed: SeedOpt = SAMPLING_DEFAULTS.seed,
     mode: ModeOpt = "tokenswift",
     tree: TreeOpt = DEFAULT_TREE,
@@ -225,6 +228,7 @@ def write(
         sampling = sampling_for(
             model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
             penalty_window=penalty_window, seed=seed, dry_multiplier=dry,
+            scripts=None if scripts is None else parse_scripts(scripts),
         )  # fmt: skip
         drafting = DraftConfig(
             tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget)

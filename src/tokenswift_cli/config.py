@@ -8,7 +8,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from .scripts import SCRIPTS
+
+if TYPE_CHECKING:
+    from .scripts import ScriptFilter
 
 SCHEMA_VERSION = 1
 
@@ -37,7 +42,9 @@ class SamplingConfig:
     applied to the tokens among the last `penalty_window` tokens of each candidate's own path.
     `dry_multiplier` turns on DRY ("don't repeat yourself", as in llama.cpp): a token that would
     extend a repeat of `dry_allowed_length`+ earlier tokens (within `dry_range`) loses
-    multiplier * base^(length - allowed) from its logit.
+    multiplier * base^(length - allowed) from its logit. `scripts` names the scripts the text may
+    use (scripts.py; () = any, ("auto",) = the prefix's, resolved before a run starts); the filter
+    itself needs the tokenizer's bytes and is attached by `run_model.bind_scripts`.
     """
 
     temperature: float = 0.0
@@ -53,6 +60,8 @@ class SamplingConfig:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_range: int = 4096
+    scripts: tuple[str, ...] = ()
+    script_filter: ScriptFilter | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
@@ -68,6 +77,9 @@ class SamplingConfig:
         _check(math.isfinite(self.dry_base) and self.dry_base >= 1, "the DRY base must be >= 1")
         _check(self.dry_allowed_length >= 1 and self.dry_range >= 2, "DRY needs an allowed length >= 1, a range >= 2")
         object.__setattr__(self, "suppress_token_ids", tuple(int(t) for t in self.suppress_token_ids))
+        object.__setattr__(self, "scripts", tuple(str(s) for s in self.scripts))
+        unknown = [s for s in self.scripts if s not in SCRIPTS and self.scripts != ("auto",)]
+        _check(not unknown, f"unknown script {', '.join(unknown)}: use any, auto or {', '.join(SCRIPTS)}")
 
     @property
     def greedy(self) -> bool:
@@ -191,7 +203,10 @@ class RunConfig:
         return total if not isinstance(self.window, ContextWindow) else min(total, self.window.span)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        recorded = dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, script_filter=None))
+        data = dataclasses.asdict(recorded)
+        del data["sampling"]["script_filter"]  # built from the tokenizer, not a setting
+        return {"schema_version": SCHEMA_VERSION, **data}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

@@ -153,6 +153,15 @@ DryOpt = Annotated[
         rich_help_panel=_SAMPLE,
     ),
 ]
+ScriptsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scripts",
+        help="Scripts the text may use: auto (the prefix's), any, or names such as latin,greek "
+        "(latin greek cyrillic armenian hebrew arabic devanagari thai georgian hangul cjk emoji).",
+        rich_help_panel=_SAMPLE,
+    ),
+]
 SeedOpt = Annotated[
     int, typer.Option("--seed", help="Seed of the position-keyed random stream.", rich_help_panel=_SAMPLE)
 ]

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import scripts
 from .config import AutoWindow, ContextWindow, ModelSpec, RunConfig
 from .heads import SHIPPED, DraftHeads, load_heads, shipped_heads
 from .loading import ModelLoadError, end_of_text_ids, load_model
@@ -110,3 +111,9 @@ def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
     if config.stop_at_eos or config.sampling.suppress_token_ids or not eos_ids:
         return config
     return config.replace(sampling=dataclasses.replace(config.sampling, suppress_token_ids=tuple(eos_ids)))
+
+
+def bind_scripts(config: RunConfig, loaded: RunModel, prefix: str | None = None) -> RunConfig:
+    """Resolve `--scripts auto` to the scripts of `prefix` and attach the filter built from the tokenizer."""
+    vocab_size = int(loaded.target.lm_head.weight.shape[0])
+    return config.replace(sampling=scripts.bind(config.sampling, loaded.tokenizer, vocab_size, prefix))

@@ -21,7 +21,7 @@ from .config import ConfigError, ModelSpec, RunConfig
 from .durable import RunLock, write_atomic
 from .render import Renderer, make_renderer
 from .rope import plan_rope
-from .run_model import RunModel, fit_rope, fit_window, load_run_model, suppress_eos, unscaled
+from .run_model import RunModel, bind_scripts, fit_rope, fit_window, load_run_model, suppress_eos, unscaled
 from .session import Session, StopSignals, TextSink
 from .state import GenerationState, prefill
 from .textstream import TextStream, tokenizer_decoder
@@ -148,7 +148,7 @@ def write(
         raise ConfigError("the prefix has no tokens")
     config = fit_window(config, model, loaded.target, len(prompt))
     loaded = fit_rope(loaded, model, config.positions_needed(len(prompt)), renderer.note)
-    config = suppress_eos(config, loaded.eos_ids)
+    config = bind_scripts(suppress_eos(config, loaded.eos_ids), loaded, prefix)
     run_dir = runs.create_run(root)
     with RunLock(run_dir), _failing_run(run_dir):
         settings = {
@@ -226,6 +226,7 @@ def resume(
         spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
         loaded = load_run_model(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
         _check_same_model(run_dir, settings, loaded)
+        cfg = bind_scripts(cfg, loaded)
         warning = plan_rope(
             spec, loaded.target.model.config, cfg.positions_needed(settings["prefix"]["tokens"])
         ).warning()

@@ -23,7 +23,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from .config import SamplingConfig
+from .config import ConfigError, SamplingConfig
+from .scripts import ScriptFilter
 
 
 def position_uniform(seed: int, position: int) -> float:
@@ -58,10 +59,18 @@ def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConf
     scores = logits.float()[None].clone()  # [1, vocab]
     if cfg.suppress_token_ids:
         scores[0, list(cfg.suppress_token_ids)] = -float("inf")
+    if cfg.scripts:
+        scores[0, _script_filter(cfg).banned(context[-4:].tolist())] = -float("inf")
     if cfg.dry_multiplier is not None:
         scores[0] -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
     window = context[-cfg.penalty_window :].to(scores.device)[None]  # [1, <= W]
     return _processors(cfg)(window, scores)[0]
+
+
+def _script_filter(cfg: SamplingConfig) -> ScriptFilter:
+    if cfg.script_filter is None or cfg.script_filter.scripts != cfg.scripts:
+        raise ConfigError("the scripts filter needs the tokenizer: attach it with run_model.bind_scripts")
+    return cfg.script_filter
 
 
 DRY_MAX_MATCH = 64  # longer repeats are penalised as this long
