@@ -129,7 +129,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--seed", "9", "--mode", "plain", "--tree", "1,2,2", "--draft", "verify", "--threads", "1",
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
-        "--dry", "0.8",
+        "--dry", "0.8", "--scripts", "latin,greek",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -142,6 +142,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         penalty_window=64,
         seed=9,
         dry_multiplier=0.8,
+        scripts=("greek", "latin"),
     )
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify")
     assert captured["write"] == {
@@ -215,6 +216,8 @@ def test_bad_token_counts_are_one_line(captured: dict[str, Any], prefix_file: Pa
         (("--rope-scaling", "linear"), "rope scaling"),
         (("--draft", "fast"), "drafting"),
         (("--threads", "0"), "threads"),
+        (("--scripts", "latin,klingon"), "unknown script klingon"),
+        (("--scripts", ","), "unknown script"),
         (("--temperature", "abc"), "temperature"),  # click's own check, also one line
     ],
 )
@@ -529,3 +532,19 @@ def test_a_bad_context_window_is_one_line(captured: dict[str, Any], prefix_file:
     assert_one_line_error(result, contains="context window must hold at least 16 tokens")
     result = cli("write", "--prefix", prefix_file, "--tokens", "10", "--context-window", "wide")
     assert_one_line_error(result, contains="bad token count")
+
+
+def test_scripts_auto_keeps_the_prefix_scripts_records_them_and_resumes_exactly(
+    tiny_folder: Path, prefix_file: Path
+) -> None:
+    scripts = ("--scripts", "auto", *SAMPLED)
+    first, run = write_in_process(tiny_folder, prefix_file, 60, *scripts)
+    assert json.loads((run / "settings.json").read_text())["run_config"]["sampling"]["scripts"] == ["latin"]
+    more = cli("resume", run.name, "--tokens", 200, "-q")
+    assert more.exit_code == 0, more.output
+    text = first + more.stdout_bytes
+    assert text == reference(tiny_folder, prefix_file, 200, *scripts)
+    free = reference(tiny_folder, prefix_file, 200, *SAMPLED)
+    foreign = ("日本語".encode(), "🙂".encode())
+    assert any(word in free for word in foreign) and not any(word in text for word in foreign)
+    assert "café".encode() in text + free  # Latin letters stay allowed

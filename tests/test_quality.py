@@ -120,6 +120,7 @@ def test_evaluate_by_position_with_a_context() -> None:
     assert report.buckets[0].repeated_sentences == pytest.approx(1 / 2)  # 2 sentences in the first 16 tokens
     assert report.distinct[0].distinct[0] == pytest.approx(7 / 24)
     assert math.isclose(report.buckets[0].perplexity or 0, math.exp(report.buckets[0].nll or 0))
+    assert report.buckets[0].word_length == pytest.approx(26 / 7) and report.buckets[0].foreign == 0.0
     table = markdown(report)
     assert "| 0-16 |" in table and "| all |" in table and "distinct-4" in table
     assert json.loads(json.dumps(report.to_dict()))["tokens"] == 48

@@ -20,7 +20,7 @@ FULLWIDTH_H = "Ｈ".encode()  # EF BC A8
 
 
 def byte_level_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE like SmolLM2's, trained on a few lines: it splits CJK and full-width letters into byte pieces."""
+    """A byte-level BPE like SmolLM2's, trained on a few lines: CJK and full-width letters split into byte pieces."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -60,6 +60,15 @@ def test_latin_bans_fullwidth_and_cjk_bytes_and_keeps_accents_and_punctuation() 
     cjk = ScriptFilter(("cjk",), pieces, len(pieces))
     assert {FULLWIDTH_H[:2], "什".encode()} <= names(cjk.banned_after(b""))
     assert FULLWIDTH_H[2:] in names(cjk.banned_after(FULLWIDTH_H[:2]))
+
+
+def test_foreign_share_counts_characters_outside_the_scripts() -> None:
+    from tokenswift_cli.quality import mean_word_length
+    from tokenswift_cli.scripts import Alphabet
+
+    assert Alphabet(("latin",)).foreign_share("café — ＨＨ 什") == pytest.approx(3 / 8)
+    assert Alphabet(("cjk", "latin")).foreign_share("café — ＨＨ 什") == 0.0
+    assert mean_word_length("the lamp  themnothinkbetter") == pytest.approx(24 / 3)
 
 
 def test_scripts_settings() -> None:
@@ -104,7 +113,9 @@ def test_tokenswift_equals_plain_under_the_filter_and_stays_in_the_script(family
     assert first_divergence(fast, plain) is None
     text = b"".join(vocabulary[t] for t in plain)
     written = text[: len(text) - len(pending_bytes(text))].decode()  # raises if the bytes are not UTF-8
-    assert all(latin.allows(ord(c)) for c in written)
+    assert all(latin.alphabet.allows(ord(c)) for c in written)
     free_text = b"".join(vocabulary[t] for t in free)
-    assert not all(latin.allows(ord(c)) for c in free_text.decode(errors="replace"))  # the filter had work to do
+    assert not all(
+        latin.alphabet.allows(ord(c)) for c in free_text.decode(errors="replace")
+    )  # the filter had work to do
     assert stats.iterations < 160

@@ -25,6 +25,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .config import ContextWindow, ModelSpec, RunConfig
 from .loading import ModelLoadError, Tokenizer, load_model
+from .scripts import Alphabet, scripts_of
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n+")
 _MIN_SENTENCE_WORDS = 4  # shorter ones ("He nodded.") repeat in any good text
@@ -43,13 +44,17 @@ class EvalWindows:
 
 @dataclass(frozen=True)
 class Bucket:
-    """Tokens [start, end) of the text: mean NLL (None when not computed), repeats, compression."""
+    """Tokens [start, end) of the text: mean NLL (None when not computed), repeats, compression, and two
+    signs of a text falling apart: the mean word length (English prose ~5; words run together past ~8)
+    and the share of characters outside the scripts of the context (scripts.py)."""
 
     start: int
     end: int
     nll: float | None
     repeated_sentences: float
     compression: float
+    word_length: float = 0.0
+    foreign: float = 0.0
 
     @property
     def perplexity(self) -> float | None:
@@ -187,6 +192,11 @@ def repeated_sentence_rate(text: str, seen: set[str] | None = None) -> float:
     return repeats / len(found) if found else 0.0
 
 
+def mean_word_length(text: str) -> float:
+    words = text.split()
+    return sum(map(len, words)) / len(words) if words else 0.0
+
+
 def compression_ratio(text: str) -> float:
     raw = text.encode("utf-8")
     return len(raw) / len(zlib.compress(raw, 9)) if raw else 1.0
@@ -213,20 +223,30 @@ def evaluate(
     window: int | None = 2048,
     stride: int = 1024,
     context: ContextWindow | None = None,
+    scripts: Sequence[str] | None = None,
 ) -> QualityReport:
-    """Every metric for `tokens` (a text after `prefix`, which is context only); NLL when `model` is given."""
+    """Every metric for `tokens` (a text after `prefix`, which is context only); NLL when `model` is given.
+
+    Foreign characters are those outside `scripts` (default: the scripts of `prefix`, else of the text's start).
+    """
     nll = None
     if model is not None and tokens and len(prefix) + len(tokens) > 1:
         first = max(1, len(prefix))
         scored = token_nll(model, [*prefix, *tokens], window=window, stride=stride, first=first, context=context)
         nll = scored[-len(tokens) :] if prefix else torch.cat([torch.full((1,), math.nan), scored])  # [n]
     seen: set[str] = set()
+    if scripts is None:  # the prefix's, else those of the text's start
+        scripts = scripts_of(str(tokenizer.decode(list(prefix or tokens[:1000]))))
+    alphabet = Alphabet(scripts)
     buckets = []
     for start in range(0, len(tokens), bucket):
         end = min(start + bucket, len(tokens))
         text = str(tokenizer.decode(list(tokens[start:end])))
         mean = None if nll is None else float(nll[start:end].nanmean())
-        buckets.append(Bucket(start, end, mean, repeated_sentence_rate(text, seen), compression_ratio(text)))
+        buckets.append(Bucket(
+            start, end, mean, repeated_sentence_rate(text, seen), compression_ratio(text), mean_word_length(text),
+            alphabet.foreign_share(text),
+        ))  # fmt: skip
     whole = str(tokenizer.decode(list(tokens)))
     return QualityReport(
         tokens=len(tokens),
@@ -270,15 +290,18 @@ def evaluate_text(
 
 def markdown(report: QualityReport) -> str:
     """The report as two markdown tables: by position, and Distinct-n per window."""
-    rows = ["| tokens | NLL | ppl | repeated sentences | compression |", "| --- | --- | --- | --- | --- |"]
-    for b in [*report.buckets, None]:
-        span, nll, rep, comp = (
-            (f"{b.start}-{b.end}", b.nll, b.repeated_sentences, b.compression)
-            if b is not None
-            else ("all", report.nll, report.repeated_sentences, report.compression)
+    rows = [
+        "| tokens | NLL | ppl | repeated sentences | compression | word length | foreign |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in report.buckets:
+        nll = "-" if b.nll is None else f"{b.nll:.2f} | {math.exp(b.nll):.1f}"
+        rows.append(
+            f"| {b.start}-{b.end} | {nll if b.nll is not None else '- | -'} | {b.repeated_sentences:.1%} "
+            f"| {b.compression:.2f} | {b.word_length:.1f} | {b.foreign:.1%} |"
         )
-        ppl = "-" if nll is None else f"{math.exp(nll):.1f}"
-        rows.append(f"| {span} | {'-' if nll is None else f'{nll:.2f}'} | {ppl} | {rep:.1%} | {comp:.2f} |")
+    nll = "- | -" if report.nll is None else f"{report.nll:.2f} | {math.exp(report.nll):.1f}"
+    rows.append(f"| all | {nll} | {report.repeated_sentences:.1%} | {report.compression:.2f} | | |")
     rows += ["", "| tokens | distinct-1 | distinct-2 | distinct-3 | distinct-4 |", "| --- | --- | --- | --- | --- |"]
     rows += [f"| {w.start}-{w.end} | " + " | ".join(f"{d:.3f}" for d in w.distinct) + " |" for w in report.distinct]
     return "\n".join(rows)

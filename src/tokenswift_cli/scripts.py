@@ -21,9 +21,9 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a mask is built: `tokenswift --help` stays instant
+    import torch
 
-if TYPE_CHECKING:
     from .config import SamplingConfig
 
 # Always allowed under a filter: ASCII (letters included: most texts in any script quote some),
@@ -120,22 +120,19 @@ def pending_bytes(tail: bytes) -> bytes:
     return b""
 
 
-class ScriptFilter:
-    """Which tokens may come next, given the incomplete character the text ends with (one mask per such state)."""
+class Alphabet:
+    """The characters of some scripts (and the common ones)."""
 
-    def __init__(self, scripts: Sequence[str], vocabulary: Sequence[bytes], vocab_size: int) -> None:
+    def __init__(self, scripts: Sequence[str]) -> None:
         self.scripts = tuple(scripts)
         self._starts, self._ends = _merged([*COMMON, *(r for name in self.scripts for r in SCRIPTS[name])])
-        self._vocabulary = list(vocabulary)
-        self._vocab_size = vocab_size
-        self._banned: dict[bytes, torch.Tensor] = {}
 
     def allows(self, code: int) -> bool:
         index = bisect.bisect_right(self._starts, code) - 1
         return index >= 0 and code <= self._ends[index]
 
-    def _can_complete(self, partial: bytes) -> bool:
-        """Whether some allowed character starts with the incomplete sequence `partial`."""
+    def can_complete(self, partial: bytes) -> bool:
+        """Whether some allowed character starts with the incomplete UTF-8 sequence `partial`."""
         length = _sequence_length(partial[0])
         if any(not 0x80 <= b <= 0xBF for b in partial[1:]):
             return False
@@ -148,20 +145,38 @@ class ScriptFilter:
         index = bisect.bisect_right(self._starts, hi) - 1  # the last allowed range starting at or below hi
         return lo <= hi and index >= 0 and self._ends[index] >= lo
 
+    def foreign_share(self, text: str) -> float:
+        """The share of `text`'s non-space characters that it does not allow."""
+        chars = [ord(c) for c in text if not c.isspace()]
+        return sum(not self.allows(c) for c in chars) / len(chars) if chars else 0.0
+
+
+class ScriptFilter:
+    """Which tokens may come next, given the incomplete character the text ends with (one mask per such state)."""
+
+    def __init__(self, scripts: Sequence[str], vocabulary: Sequence[bytes], vocab_size: int) -> None:
+        self.scripts = tuple(scripts)
+        self.alphabet = Alphabet(self.scripts)
+        self._vocabulary = list(vocabulary)
+        self._vocab_size = vocab_size
+        self._banned: dict[bytes, torch.Tensor] = {}
+
     def _token_allowed(self, pending: bytes, piece: bytes) -> bool:
         decoder = codecs.getincrementaldecoder("utf-8")()
         try:
             text = decoder.decode(pending + piece, final=False)
         except UnicodeDecodeError:
             return False
-        if not all(self.allows(ord(char)) for char in text):
+        if not all(self.alphabet.allows(ord(char)) for char in text):
             return False
         rest = decoder.getstate()[0]
-        return not rest or self._can_complete(rest)
+        return not rest or self.alphabet.can_complete(rest)
 
     def banned_after(self, pending: bytes) -> torch.Tensor:
         """Bool `[vocab]`: the tokens that may not follow a text ending with the incomplete character `pending`."""
         if pending not in self._banned:
+            import torch
+
             banned = torch.ones(self._vocab_size, dtype=torch.bool)
             pieces = self._vocabulary[: self._vocab_size]
             allowed = [i for i, piece in enumerate(pieces) if self._token_allowed(pending, piece)]
