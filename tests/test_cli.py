@@ -129,7 +129,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--seed", "9", "--mode", "plain", "--tree", "1,2,2", "--draft", "verify", "--threads", "1",
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
-        "--dry", "0.8", "--scripts", "latin,greek",
+        "--dry", "0.8", "--scripts", "latin,greek", "--weights", "int4",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -155,7 +155,9 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
             draft=draft,
             window=ContextWindow(size=2000, sinks=8),
         ),  # fmt: skip
-        "model": ModelSpec(name="some/model", dtype="bfloat16", device="cuda:1", rope_scaling="yarn", rope_factor=2.0),
+        "model": ModelSpec(
+            name="some/model", dtype="bfloat16", device="cuda:1", rope_scaling="yarn", rope_factor=2.0, weights="int4"
+        ),
         "heads": "none",
         "runs_dir": tmp_path / "runs",
         "output": runner.Output(out=tmp_path / "book.txt", checkpoint_every=100, quiet=True),
@@ -548,3 +550,15 @@ def test_scripts_auto_keeps_the_prefix_scripts_records_them_and_resumes_exactly(
     foreign = ("日本語".encode(), "🙂".encode())
     assert any(word in free for word in foreign) and not any(word in text for word in foreign)
     assert "café".encode() in text + free  # Latin letters stay allowed
+
+
+def test_int4_weights_are_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:
+    weights = ("--weights", "int4", *SAMPLED)
+    first, run = write_in_process(tiny_folder, prefix_file, 50, *weights)
+    assert json.loads((run / "settings.json").read_text())["model"]["spec"]["weights"] == "int4"
+    more = cli("resume", run.name, "--tokens", 120, "-q")
+    assert more.exit_code == 0, more.output
+    assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 120, *weights)
+    assert first + more.stdout_bytes != reference(tiny_folder, prefix_file, 120, *SAMPLED)
+    _, auto = write_in_process(tiny_folder, prefix_file, 5, *SAMPLED)  # random weights: auto keeps them dense
+    assert json.loads((auto / "settings.json").read_text())["model"]["spec"]["weights"] == "dense"

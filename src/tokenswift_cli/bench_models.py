@@ -28,6 +28,7 @@ class BenchRequest:
 
     model: str = "default"
     dtype: str = "bfloat16"
+    weights: str = "dense"
     heads: str = "default"
     lengths: tuple[int, ...] = (512, 2048)
     length_context: int = 256
@@ -118,12 +119,17 @@ def open_model(request: BenchRequest) -> tuple[Target, DraftHeads | None, Any, d
         model = quick_model(request.seed)
         if request.dtype == "bfloat16":
             model = model.to(torch.bfloat16)
+        if request.weights == "int4":
+            from .int4 import quantize_decoder
+
+            quantize_decoder(model)
         target, tokenizer = Target(model), None
         heads = None if request.heads == "none" else _random_heads(model)
     else:
         from .loading import load_model
 
-        loaded = load_model(ModelSpec(name=request.model, dtype=request.dtype, rope_scaling="none"))  # type: ignore[arg-type]
+        spec = ModelSpec(name=request.model, dtype=request.dtype, rope_scaling="none", weights=request.weights)  # type: ignore[arg-type]
+        loaded = load_model(spec)
         heads = _heads(request.heads, request.model, loaded.model, loaded.fingerprint)
         if heads is not None:
             heads = heads.to(dtype=loaded.model.dtype)
@@ -178,7 +184,8 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
 
     results = bench.run(text, on_result=progress)
     model = "tiny random model" if request.quick else request.model
-    console.print(render_table(results, title=f"tokenswift bench ({model}, {request.dtype}, {request.sampling})"))
+    title = f"tokenswift bench ({model}, {request.dtype}, {request.weights} weights, {request.sampling})"
+    console.print(render_table(results, title=title))
     paths = write_results(out_dir, name, results, document)
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return results, paths

@@ -30,6 +30,7 @@ from .config import (
     RopeScaling,
     RunConfig,
     SamplingConfig,
+    Weights,
 )
 from .defaults import default_sampling
 from .options import (
@@ -71,6 +72,7 @@ from .options import (
     TopKOpt,
     TopPOpt,
     TreeOpt,
+    WeightsOpt,
     off_if_zero,
     parse_tokens,
     parse_tree,
@@ -192,6 +194,7 @@ def write(
     model: ModelOpt = "default",
     heads: HeadsOpt = "default",
     dtype: DTypeOpt = "auto",
+    weights: WeightsOpt = "auto",
     device: DeviceOpt = "cpu",
     rope_scaling: RopeScalingOpt = "auto",
     rope_factor: RopeFactorOpt = None,
@@ -240,7 +243,7 @@ def write(
         )  # fmt: skip
         spec = ModelSpec(
             name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),
-            rope_factor=rope_factor,
+            rope_factor=rope_factor, weights=cast(Weights, weights),
         )  # fmt: skip
         from . import runner
 

@@ -36,6 +36,9 @@ def bench_command(
         str, typer.Option("--model", "-m", help="'default', a model folder, a .gguf file or a hub id.")
     ] = "default",
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (every method uses the same).")] = "bfloat16",
+    weights: Annotated[
+        str, typer.Option(help="dense or int4 (4-bit linear layers; every method uses the same).")
+    ] = "dense",
     heads: Annotated[str, typer.Option(help="Draft heads: 'default' (shipped), 'none', or a file.")] = "default",
     lengths: Annotated[str, typer.Option(help=_HELP_LENGTHS)] = "512,2k",
     length_context: Annotated[str, typer.Option(help="Prefix tokens of the length axis.")] = "256",
@@ -66,7 +69,7 @@ def bench_command(
     from .bench_models import BenchRequest, run_bench
 
     request = BenchRequest(
-        model=model, dtype=dtype, heads=heads, lengths=tuple(parse_counts(lengths)),
+        model=model, dtype=dtype, weights=weights, heads=heads, lengths=tuple(parse_counts(lengths)),
         length_context=parse_count(length_context), contexts=tuple(parse_counts(contexts)),
         context_tokens=parse_count(context_tokens), prefix_file=prefix_file,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()), sampling=sampling, seed=seed,

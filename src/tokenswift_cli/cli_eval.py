@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .options import DeviceOpt, DTypeOpt, JsonOpt, ModelOpt, RunsDirOpt
+from .options import DeviceOpt, DTypeOpt, JsonOpt, ModelOpt, RunsDirOpt, WeightsOpt
 
 SourceArg = Annotated[
     str,
@@ -32,6 +32,7 @@ def eval_command(
     source: SourceArg,
     model: ModelOpt = "default",
     dtype: DTypeOpt = "auto",
+    weights: WeightsOpt = "dense",
     device: DeviceOpt = "cpu",
     prefix: Annotated[
         Path | None, typer.Option("--prefix", "-p", help="Context before the text (not scored).", show_default=False)
@@ -65,7 +66,7 @@ def eval_command(
         from .quality import EvalWindows, evaluate_text, markdown
 
         text, context = _find_text(source, prefix, runs_dir)
-        spec = ModelSpec(name=model, dtype=dtype, device=device,  # type: ignore[arg-type]
+        spec = ModelSpec(name=model, dtype=dtype, device=device, weights=weights,  # type: ignore[arg-type]
                          rope_scaling=rope_scaling, rope_factor=rope_factor)  # type: ignore[arg-type]  # fmt: skip
         chosen = (
             None if context_window.strip().lower() == "none" else ContextWindow(parse_tokens(context_window), sinks)

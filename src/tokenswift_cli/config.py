@@ -21,6 +21,7 @@ Mode = Literal["tokenswift", "plain"]
 DraftSource = Literal["pass", "verify", "ngram"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
+Weights = Literal["auto", "dense", "int4"]
 DRAFT_SOURCES = ("pass", "verify", "ngram")
 DRAFT_CHOICES = ("auto", *DRAFT_SOURCES)
 
@@ -229,6 +230,9 @@ class ModelSpec:
 
     `rope_scaling` "auto" applies YaRN when a run outgrows the trained length (see rope.py), "none"
     keeps the model as configured; `rope_factor` fixes the YaRN factor (None: sized to the run).
+    `weights` "int4" runs the decoder's linear layers on 4-bit weights (int4.py), "auto" does so on a
+    CPU when the weights already are 4-bit (a Q4 GGUF, such as the embedded model's); a run records
+    the choice made.
     """
 
     name: str = "default"
@@ -236,9 +240,11 @@ class ModelSpec:
     device: str = "cpu"
     rope_scaling: RopeScaling = "auto"
     rope_factor: float | None = None
+    weights: Weights = "dense"
 
     def __post_init__(self) -> None:
         _check(bool(self.name.strip()), "model name must not be empty")
+        _check(self.weights in ("auto", "dense", "int4"), f"unknown weights {self.weights!r}: use auto, dense or int4")
         _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         _check(
             self.device in ("cpu", "auto", "mps") or self.device.startswith("cuda"),

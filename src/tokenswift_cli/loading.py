@@ -6,6 +6,7 @@ A GGUF file is de-quantised once (~20 s for the default) and cached as safetenso
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -26,7 +27,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from .config import ModelSpec
+from . import int4
+from .config import ModelSpec, Weights
 from .paths import cache_dir
 from .rope import RopePlan, apply_rope, plan_rope
 
@@ -106,11 +108,25 @@ def load_model(
         else:
             raise ModelLoadError(f"no such model file or folder: {name}")
         model, tokenizer = _load_dir(folder, spec, attn_implementation)
+        weights = _apply_weights(model, spec)
         fingerprint = folder_fingerprint(folder)
         with _failing_as(f"cannot apply rope scaling {spec.rope_scaling} to {name}"):
             rope = plan_rope(spec, model.config, total_tokens)
             apply_rope(model, rope)
-    return LoadedModel(model, tokenizer, fingerprint, name, str(folder), rope.resolved(spec), rope)
+    resolved = dataclasses.replace(rope.resolved(spec), weights=weights)
+    return LoadedModel(model, tokenizer, fingerprint, name, str(folder), resolved, rope)
+
+
+def _apply_weights(model: PreTrainedModel, spec: ModelSpec) -> Weights:
+    """Put the decoder on 4-bit weights as `spec.weights` says; returns the choice made ("dense" or "int4")."""
+    device = next(model.parameters()).device
+    if spec.weights == "dense" or (spec.weights == "auto" and not (int4.supported(device) and int4.is_q4(model))):
+        return "dense"
+    if not int4.supported(device):
+        raise ModelLoadError(f"int4 weights run on CPUs only (the model is on {device})")
+    done = int4.quantize_decoder(model)
+    log.info("int4 weights: %d layers (%d exactly the model's own), %d kept", done.layers, done.exact, done.kept)
+    return "int4"
 
 
 def eos_token_ids(tokenizer: Tokenizer | None, config: Any) -> list[int]:

@@ -94,6 +94,15 @@ HeadsOpt = Annotated[
     ),
 ]  # fmt: skip
 DTypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16.", rich_help_panel=_MODEL)]
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        help="auto (4-bit on a CPU when the model already is, e.g. the embedded one), dense or int4 "
+        "(the decoder's linear layers on 4-bit weights, CPU).",
+        rich_help_panel=_MODEL,
+    ),
+]
 RopeScalingOpt = Annotated[
     str,
     typer.Option(

@@ -63,7 +63,13 @@ def load_run_model(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Cal
         draft_heads = load_heads(path, loaded.model.config, fingerprint=loaded.fingerprint)
         draft_heads = draft_heads.to(device=target.device, dtype=loaded.model.dtype)
     label = DEFAULT_MODEL_LABEL if spec.name == "default" else Path(spec.name).name or spec.name
-    model_settings = {"spec": asdict(spec), "fingerprint": loaded.fingerprint, "label": label, "source": loaded.source}
+    weights = loaded.spec.weights if loaded.spec is not None else spec.weights  # "auto" resolved
+    model_settings = {
+        "spec": asdict(dataclasses.replace(spec, weights=weights)),
+        "fingerprint": loaded.fingerprint,
+        "label": label,
+        "source": loaded.source,
+    }
     heads_settings = {
         "choice": heads,
         "path": str(path) if path else None,
@@ -87,7 +93,8 @@ def fit_rope(model: RunModel, spec: ModelSpec, total_tokens: int, note: Callable
     warning = plan.warning()
     if warning:
         note(warning)
-    return dataclasses.replace(model, settings={**model.settings, "spec": asdict(plan.resolved(spec))})
+    resolved = plan.resolved(dataclasses.replace(spec, weights=model.settings["spec"]["weights"]))
+    return dataclasses.replace(model, settings={**model.settings, "spec": asdict(resolved)})
 
 
 def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) -> RunConfig:

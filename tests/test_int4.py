@@ -1,0 +1,102 @@
+"""4-bit weights: the GGUF's own Q4 groups are found exactly, rows do not depend on their batch, and lossless holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+from helpers import first_divergence, random_heads, random_prompt
+
+from tokenswift_cli.config import ModelSpec, RunConfig, SamplingConfig
+from tokenswift_cli.decode import generate_tokens
+from tokenswift_cli.int4 import GROUP, Int4Linear, is_q4, quantize_decoder
+from tokenswift_cli.loading import load_model
+from tokenswift_cli.target import Target
+
+pytestmark = pytest.mark.skipif(not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="no int4 kernel")
+
+
+def q4_linear(out_features: int, in_features: int, seed: int = 0) -> torch.nn.Linear:
+    """A linear layer whose weights are de-quantised Q4_1 groups: m + d * q, float16 d and m, as gguf computes them."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = in_features // GROUP
+    d = (torch.rand(out_features, groups, 1, generator=generator) * 0.02 + 0.001).half().float()
+    m = (-torch.rand(out_features, groups, 1, generator=generator) * 0.2).half().float()
+    q = torch.randint(0, 16, (out_features, groups, GROUP), generator=generator).float()
+    q[..., 0], q[..., 1] = 0, 15  # llama.cpp's quantiser maps a group's min to 0 and its max to 15
+    linear = torch.nn.Linear(in_features, out_features, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_((d * q + m).view(out_features, in_features))
+    return linear
+
+
+def test_q4_groups_are_found_exactly_and_other_weights_are_quantised() -> None:
+    linear = q4_linear(48, 96)
+    layer, exact = Int4Linear.from_linear(linear)
+    assert exact
+    # Only the bfloat16 rounding of the scale and of the offset m + 8d separates the two.
+    torch.testing.assert_close(layer.dense_weight(), linear.weight, atol=2e-3, rtol=0)
+    dense = torch.nn.Linear(96, 48, bias=False)
+    rough, exact = Int4Linear.from_linear(dense)
+    assert not exact
+    step = (dense.weight.view(48, 3, GROUP).amax(-1) - dense.weight.view(48, 3, GROUP).amin(-1)) / 15
+    error = (rough.dense_weight() - dense.weight).abs().view(48, 3, GROUP).amax(-1)
+    assert bool((error <= step / 2 + 2e-3).all())  # within half a step (+ the bfloat16 scales)
+
+
+def test_rows_do_not_depend_on_the_batch_and_match_the_dense_product() -> None:
+    layer, _ = Int4Linear.from_linear(q4_linear(64, 128, seed=1))
+    x = torch.randn(40, 128, generator=torch.Generator().manual_seed(2))
+    batch = layer(x)
+    rows = torch.cat([layer(x[i : i + 1]) for i in range(40)])
+    assert torch.equal(batch, rows) and batch.dtype == torch.float32
+    for size in (1, 3, 16, 17, 28, 33):
+        assert torch.equal(layer(x[:size]), batch[:size])
+    reference = x.bfloat16().float() @ layer.dense_weight().t()
+    torch.testing.assert_close(batch, reference, atol=2e-2, rtol=1e-2)
+
+
+def test_bias_is_kept() -> None:
+    linear = q4_linear(32, 64)
+    with_bias = torch.nn.Linear(64, 32)
+    with torch.no_grad():
+        with_bias.weight.copy_(linear.weight)
+    plain, _ = Int4Linear.from_linear(linear)
+    biased, _ = Int4Linear.from_linear(with_bias)
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(biased(x), plain(x) + with_bias.bias, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_tokenswift_equals_plain_on_int4_weights(family: str, greedy: bool) -> None:
+    model = tiny_model(family)
+    done = quantize_decoder(model)
+    assert done.layers == 7 * model.config.num_hidden_layers and done.exact == 0
+    target = Target(model)
+    heads, prompt = random_heads(target), random_prompt(60)
+    sampling = SamplingConfig(temperature=0.0 if greedy else 1.0, min_p=0.05, seed=5)
+    cfg = RunConfig(max_new_tokens=200, sampling=sampling)
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    fast, stats = generate_tokens(target, heads, prompt, cfg)
+    dense, _ = generate_tokens(Target(tiny_model(family)), None, prompt, cfg.replace(mode="plain"))
+    assert first_divergence(fast, plain) is None
+    assert stats.iterations < 200 and dense != plain  # the 4-bit model is another model
+
+
+def test_auto_weights_are_int4_only_for_q4_models(tmp_path: Path) -> None:
+    from cli_helpers import build_tiny_folder
+
+    folder = build_tiny_folder(tmp_path / "tiny")
+    dense = load_model(ModelSpec(name=str(folder), weights="auto"))
+    assert dense.spec is not None and dense.spec.weights == "dense" and not is_q4(dense.model)
+    forced = load_model(ModelSpec(name=str(folder), weights="int4"))
+    assert forced.spec is not None and forced.spec.weights == "int4"
+    assert isinstance(forced.model.model.layers[0].mlp.down_proj, Int4Linear)
+    model = dense.model
+    with torch.no_grad():  # make the first block's weights Q4 groups: auto then chooses int4
+        for module in model.model.layers[0].modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(q4_linear(module.out_features, module.in_features).weight)
+    assert is_q4(model)
