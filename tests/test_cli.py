@@ -100,10 +100,14 @@ def test_unset_sampling_flags_take_the_models_measured_defaults(captured: dict[s
     assert captured["write"]["config"].sampling == dataclasses.replace(defaults.PAPER, penalty=1.3)
     cli("write", "--prefix", prefix_file, "--tokens", "10", "-t", "0", "--min-p", "0")
     assert captured["write"]["config"].sampling == dataclasses.replace(defaults.EMBEDDED, temperature=0.0, min_p=0.0)
+    cli("write", "--prefix", prefix_file, "--tokens", "10", "--dry", "0", "--scripts", "any")
+    unfiltered = dataclasses.replace(defaults.EMBEDDED, dry_multiplier=None, scripts=())
+    assert captured["write"]["config"].sampling == unfiltered
 
 
 def test_write_defaults_are_the_library_defaults(captured: dict[str, Any], prefix_file: Path) -> None:
-    """The library's default is the paper's fixed plan; the tool tunes the plan by default (`--draft auto`)."""
+    """The library's defaults are the paper's fixed plan and dense weights (what old runs' settings mean); the
+    tool tunes the plan (`--draft auto`) and picks the weights (`--weights auto`)."""
     result = cli("write", "--prefix", prefix_file, "--tokens", "2k")
     assert result.exit_code == 0, result.output
     assert captured["write"] == {
@@ -114,7 +118,7 @@ def test_write_defaults_are_the_library_defaults(captured: dict[str, Any], prefi
             draft=DraftConfig().drafting("auto"),
             window=AutoWindow(size=4092),
         ),
-        "model": ModelSpec(),
+        "model": ModelSpec(weights="auto"),
         "heads": "default",
         "runs_dir": None,
         "output": runner.Output(),

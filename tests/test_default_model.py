@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,7 @@ def test_bfloat16_tokenswift_equals_bfloat16_plain_with_the_defaults(window: int
     from tokenswift_cli.config import ContextWindow
     from tokenswift_cli.defaults import EMBEDDED
     from tokenswift_cli.heads import load_heads, shipped_heads
+    from tokenswift_cli.scripts import bind
 
     loaded = load_model(ModelSpec(dtype="bfloat16"))
     target = Target(loaded.model)
@@ -66,7 +69,23 @@ def test_bfloat16_tokenswift_equals_bfloat16_plain_with_the_defaults(window: int
     heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint).to(torch.bfloat16)
     prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
     context = ContextWindow(size=window) if window else None
-    cfg = RunConfig(max_new_tokens=200, sampling=EMBEDDED, window=context, draft=DraftConfig().drafting("auto"))
+    sampling = bind(EMBEDDED, loaded.tokenizer, loaded.model.config.vocab_size, prefix=PROMPT.read_text())
+    cfg = RunConfig(max_new_tokens=200, sampling=sampling, window=context, draft=DraftConfig().drafting("auto"))
     plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     fast, _ = generate_tokens(target, heads, prompt, cfg)
     assert first_divergence(fast, plain) is None
+
+
+def test_write_with_every_default_equals_plain_mode() -> None:
+    """`tokenswift write` as users run it (4-bit weights, the measured sampling, the scripts filter, DRY)."""
+    from cli_helpers import cli
+
+    texts = {}
+    for mode in ("tokenswift", "plain"):
+        result = cli("write", "--prefix", PROMPT, "--tokens", 160, "--mode", mode, "-q", "--threads", 2)
+        assert result.exit_code == 0, result.output
+        texts[mode] = result.stdout
+    settings = sorted(Path(os.environ["TOKENSWIFT_HOME"], "runs").glob("run-*/settings.json"))[-1]
+    recorded = json.loads(settings.read_text())
+    assert recorded["model"]["spec"]["weights"] == "int4" and recorded["run_config"]["sampling"]["scripts"] == ["latin"]
+    assert texts["tokenswift"] == texts["plain"] and len(texts["plain"]) > 300

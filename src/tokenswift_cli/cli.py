@@ -230,9 +230,11 @@ def write(
     with errors():
         sampling = sampling_for(
             model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
-            penalty_window=penalty_window, seed=seed, dry_multiplier=dry,
+            penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None,
             scripts=None if scripts is None else parse_scripts(scripts),
         )  # fmt: skip
+        if dry == 0:  # "0 = off", also when the model's defaults turn DRY on
+            sampling = dataclasses.replace(sampling, dry_multiplier=None)
         drafting = DraftConfig(
             tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget)
         ).drafting(draft)

@@ -14,9 +14,14 @@ SmolLM2-135M-Instruct, measured on this project's CPU (issue 6), 1024 tokens per
   without YaRN the same run turned to salad, NLL 5.75 by position ~11,600).
 * min-p 0.1 cuts the tail that turns a small model's text into noise; temperature 1 keeps the
   model's own distribution (0.8 moved real prose's NLL by +0.13 nats).
-Context: YaRN is applied automatically past the trained 8192 positions (`ModelSpec.rope_scaling`
-"auto"): as configured, the NLL of real prose rises from ~2.9 to 5.5-7.3 nats past 12K positions.
-End-of-text tokens are suppressed unless the run stops at them (`suppressed_ids`).
+* Long runs (docs/quality.md): with 1.15 / 512 alone a 50K-token run wrote lists of words at
+  8-16K and loops of full-width characters at 24-38K. DRY 0.8 (a repeat of 2+ tokens is penalised)
+  kept the story prose to ~10K tokens where the run without it listed words; DRY with the token
+  penalty off wrote lists of numbers within 1,500 tokens. `scripts` "auto" keeps the text in the
+  prefix's scripts (the full-width loops need a first full-width byte, which it never draws).
+Context: past the trained 8192 positions a 4K context window keeps the model as trained
+(`automatic_window`); as configured, the NLL of real prose rises from ~2.9 to 5.5-7.3 nats past
+12K positions. End-of-text tokens are suppressed unless the run stops at them (`suppressed_ids`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from collections.abc import Sequence
 
 from .config import AutoWindow, SamplingConfig
 
-EMBEDDED = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.15, penalty_window=512)
+EMBEDDED = SamplingConfig(
+    temperature=1.0, min_p=0.1, penalty=1.15, penalty_window=512, dry_multiplier=0.8, scripts=("auto",)
+)
 # The TokenSwift paper's settings (theta 1.2 over W 1024, min-p 0.1), measured there on 7-8B models.
 PAPER = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
 

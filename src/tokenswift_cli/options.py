@@ -158,7 +158,7 @@ DryOpt = Annotated[
     float | None,
     typer.Option(
         "--dry",
-        help="DRY multiplier: penalise tokens that extend a repeat of 2+ earlier tokens (off by default).",
+        help="DRY multiplier: penalise tokens that extend a repeat of 2+ earlier tokens; 0 = off.",
         rich_help_panel=_SAMPLE,
     ),
 ]

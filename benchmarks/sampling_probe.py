@@ -1,0 +1,100 @@
+"""Continue a run's own text from one of its positions with other sampling settings (plain decoding).
+
+    .venv/bin/python benchmarks/sampling_probe.py RUN_DIR START NEW [--dry 0.8] [--penalty 1.05]
+        [--penalty-window 256] [--min-p 0.2] [--temperature 0.8] [--scripts any] [--dtype float32]
+
+Replays the run's settings (model and weights, sampling, context window) from its settings.json,
+keeps its first START generated tokens as the prefix, writes NEW more with the settings changed as
+asked (unset flags keep the run's; `--dry 0` and `--penalty 1` turn those off), and prints
+measures of the new text: Distinct-4, repeated sentences, compression, the share of characters
+outside the prefix's scripts, and the mean word length per 500 tokens (English prose ~5; words
+running together push it past 8), with the first 500-token stretch past 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import zlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from tokenswift_cli import scripts
+from tokenswift_cli.config import ModelSpec, RunConfig
+from tokenswift_cli.decode import generate_tokens
+from tokenswift_cli.loading import load_model
+from tokenswift_cli.quality import distinct_n, mean_word_length, repeated_sentence_rate
+from tokenswift_cli.target import Target
+
+CHUNK = 500
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("start", type=int)
+    parser.add_argument("new", type=int)
+    parser.add_argument("--dry", type=float, default=None)
+    parser.add_argument("--penalty", type=float, default=None, help="Token penalty (1 = off; default: the run's).")
+    parser.add_argument("--penalty-window", type=int, default=None)
+    parser.add_argument("--min-p", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--scripts", default=None, help="any, auto or names (default: the run's).")
+    parser.add_argument("--dtype", default=None, help="Default: the run's.")
+    parser.add_argument("--out", type=Path, default=None, help="Also write the JSON result here.")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    settings = json.loads((args.run / "settings.json").read_text())
+    cfg = RunConfig.from_dict(settings["run_config"])
+    manifest = json.loads((args.run / "checkpoint" / "manifest.json").read_text())
+    state_file = next(f["name"] for f in manifest["files"] if f["kind"] == "state")
+    tokens = load_file(args.run / "checkpoint" / state_file)["tokens"].tolist()
+    prefix_length = manifest["state"]["prefix_length"]
+    prompt = tokens[: prefix_length + args.start]
+    spec = ModelSpec(**settings["model"]["spec"])
+    if args.dtype:
+        spec = dataclasses.replace(spec, dtype=args.dtype)
+    loaded = load_model(spec)
+    changes: dict[str, object] = {}
+    if args.dry is not None:
+        changes["dry_multiplier"] = args.dry or None
+    if args.penalty is not None:
+        changes["penalty"] = None if args.penalty == 1.0 else args.penalty
+    if args.penalty_window is not None:
+        changes["penalty_window"] = args.penalty_window
+    if args.min_p is not None:
+        changes["min_p"] = args.min_p
+    if args.temperature is not None:
+        changes["temperature"] = args.temperature
+    if args.scripts is not None:
+        changes["scripts"] = scripts.parse_scripts(args.scripts)
+    sampling = dataclasses.replace(cfg.sampling, **changes)  # type: ignore[arg-type]
+    prefix_text = loaded.tokenizer.decode(tokens[:prefix_length])
+    sampling = scripts.bind(sampling, loaded.tokenizer, loaded.model.config.vocab_size, prefix=prefix_text)
+    run = cfg.replace(max_new_tokens=args.new, mode="plain", sampling=sampling)
+    out, _ = generate_tokens(Target(loaded.model), None, prompt, run)
+    text = loaded.tokenizer.decode(out)
+    words = [round(mean_word_length(loaded.tokenizer.decode(out[i : i + CHUNK])), 1) for i in range(0, len(out), CHUNK)]
+    alphabet = scripts.Alphabet(scripts.scripts_of(prefix_text))
+    result = {
+        "run": str(args.run), "start": args.start, "new": args.new, "weights": spec.weights,
+        "sampling": {k: v for k, v in dataclasses.asdict(dataclasses.replace(sampling, script_filter=None)).items()
+                     if k not in ("script_filter", "suppress_token_ids")},
+        "distinct_4": round(distinct_n(out, 4), 3), "repeated_sentences": round(repeated_sentence_rate(text), 3),
+        "compression": round(len(text.encode()) / max(1, len(zlib.compress(text.encode()))), 2),
+        "foreign_chars": round(alphabet.foreign_share(text), 3),
+        "word_length_per_500": words,
+        "first_run_together": next((args.start + CHUNK * i for i, w in enumerate(words) if w > 8), None),
+        "start_text": text[:300], "end_text": text[-300:],
+    }  # fmt: skip
+    report = json.dumps(result, ensure_ascii=False, indent=1)
+    print(report)
+    if args.out:
+        args.out.write_text(report + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
