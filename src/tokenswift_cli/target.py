@@ -24,6 +24,7 @@ from .attention import attend, window_attention
 from .cache import FullCache, PreallocatedLayer, _PreallocatedCache
 from .config import ContextWindow
 from .exact_attention import exact_attention, exact_rows
+from .int4 import Int4Linear
 
 ATTENTION_NAME = "tokenswift"
 
@@ -112,6 +113,9 @@ class Target:
         self.device = self.decoder.embed_tokens.weight.device
         self.dtype = self.decoder.embed_tokens.weight.dtype
         self.lean = supports_lean(model) if lean is None else lean
+        # 4-bit layers round their inputs to bfloat16: float32 noise of ~1e-7 near a rounding edge
+        # becomes a 2^-9 step, so float32 attention must be batch-invariant too (exact mode).
+        self.rounds_inputs = any(isinstance(m, Int4Linear) for m in model.modules())
         self._pre_norm: torch.Tensor | None = None
         self.decoder.norm.register_forward_pre_hook(self._keep_pre_norm)
 
@@ -136,8 +140,8 @@ class Target:
         partial cache holds fewer positions than the text it drafts for) and sees every
         committed position plus the new tokens allowed by `block_mask` `[q, q]` (default: causal).
         The new keys/values are written after the committed ones; `cache.length` does not move.
-        `exact`: in bfloat16/float16, each token's result does not depend on the others in the batch
-        (`exact_attention.py`), so a verified tree and plain decoding agree bit for bit.
+        `exact`: in bfloat16/float16, or with 4-bit weights, each token's result does not depend on the
+        others in the batch (`exact_attention.py`), so a verified tree and plain decoding agree bit for bit.
         """
         q_len = tokens.shape[0]
         start = cache.length if start is None else start
@@ -179,7 +183,7 @@ class Target:
         window = cache.window if isinstance(cache, FullCache) else None
         first_recent = cache.first_recent if isinstance(cache, FullCache) else 0
         # Measured invariant on CPUs only (oneDNN); elsewhere reduced precision keeps the fast kernels.
-        exact = exact and self.dtype != torch.float32 and self.device.type == "cpu"
+        exact = exact and (self.dtype != torch.float32 or self.rounds_inputs) and self.device.type == "cpu"
         exact = exact and (window is None or cache.length >= window.sinks)
         sink_rotation = None
         if window is not None and (exact or int(positions.max()) >= window.span):
