@@ -90,10 +90,9 @@ def main() -> None:
         "first_run_together": next((args.start + CHUNK * i for i, w in enumerate(words) if w > 8), None),
         "start_text": text[:300], "end_text": text[-300:],
     }  # fmt: skip
-    report = json.dumps(result, ensure_ascii=False, indent=1)
-    print(report)
-    if args.out:
-        args.out.write_text(report + "\n", encoding="utf-8")
+    print(json.dumps(result, ensure_ascii=False, indent=1))
+    if args.out:  # with the whole text
+        args.out.write_text(json.dumps({**result, "text": text}, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,15 @@ SmolLM2-135M-Instruct, measured on this project's CPU (issue 6), 1024 tokens per
 * min-p 0.1 cuts the tail that turns a small model's text into noise; temperature 1 keeps the
   model's own distribution (0.8 moved real prose's NLL by +0.13 nats).
 * Long runs (docs/quality.md): with 1.15 / 512 alone a 50K-token run wrote lists of words at
-  8-16K and loops of full-width characters at 24-38K. DRY 0.8 (a repeat of 2+ tokens is penalised)
-  kept the story prose to ~10K tokens where the run without it listed words; DRY with the token
-  penalty off wrote lists of numbers within 1,500 tokens. `scripts` "auto" keeps the text in the
-  prefix's scripts (the full-width loops need a first full-width byte, which it never draws).
+  8-16K and loops of full-width characters at 24-38K; with DRY 0.8 added (a token extending a
+  repeat of 2+ tokens loses logit) its words grew longer token after token (mean word length 4.2
+  -> 6.0 by 8K) and ran together from ~8.5K on ("whilesometimesoneverythingthat..."): the penalty
+  pushes the common " word" tokens down, never their space-less twins. Continuing that run's first
+  6,000 tokens for 5,000 more (benchmarks/sampling_probe.py): min-p 0.2 ran words together by 7.5K;
+  DRY without a token penalty looped ("whamp,whamp"); 1.1 / 256 + DRY kept words but wrote lists;
+  1.05 / 512 + DRY kept grammatical prose (word length 4.4-5.2, Distinct-4 0.964, no repeated
+  sentence). `scripts` "auto" keeps the text in the prefix's scripts: the full-width loops need a
+  first full-width byte, which it never draws (and 1.05 without it drifted into them, 69%).
 Context: past the trained 8192 positions a 4K context window keeps the model as trained
 (`automatic_window`); as configured, the NLL of real prose rises from ~2.9 to 5.5-7.3 nats past
 12K positions. End-of-text tokens are suppressed unless the run stops at them (`suppressed_ids`).
@@ -32,7 +37,7 @@ from collections.abc import Sequence
 from .config import AutoWindow, SamplingConfig
 
 EMBEDDED = SamplingConfig(
-    temperature=1.0, min_p=0.1, penalty=1.15, penalty_window=512, dry_multiplier=0.8, scripts=("auto",)
+    temperature=1.0, min_p=0.1, penalty=1.05, penalty_window=512, dry_multiplier=0.8, scripts=("auto",)
 )
 # The TokenSwift paper's settings (theta 1.2 over W 1024, min-p 0.1), measured there on 7-8B models.
 PAPER = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
