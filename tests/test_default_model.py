@@ -82,10 +82,10 @@ def test_write_with_every_default_equals_plain_mode() -> None:
 
     texts = {}
     for mode in ("tokenswift", "plain"):
-        result = cli("write", "--prefix", PROMPT, "--tokens", 160, "--mode", mode, "-q", "--threads", 2)
+        result = cli("write", "--prefix", PROMPT, "--tokens", 96, "--mode", mode, "-q", "--threads", 1)
         assert result.exit_code == 0, result.output
         texts[mode] = result.stdout
     settings = sorted(Path(os.environ["TOKENSWIFT_HOME"], "runs").glob("run-*/settings.json"))[-1]
     recorded = json.loads(settings.read_text())
     assert recorded["model"]["spec"]["weights"] == "int4" and recorded["run_config"]["sampling"]["scripts"] == ["latin"]
-    assert texts["tokenswift"] == texts["plain"] and len(texts["plain"]) > 300
+    assert texts["tokenswift"] == texts["plain"] and len(texts["plain"]) > 200
