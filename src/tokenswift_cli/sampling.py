@@ -60,7 +60,7 @@ def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConf
     if cfg.suppress_token_ids:
         scores[0, list(cfg.suppress_token_ids)] = -float("inf")
     if cfg.scripts:
-        scores[0, _script_filter(cfg).banned(context[-4:].tolist())] = -float("inf")
+        scores[0, _script_filter(cfg).banned(context[-4:].tolist()).to(scores.device)] = -float("inf")
     if cfg.dry_multiplier is not None:
         scores[0] -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
     window = context[-cfg.penalty_window :].to(scores.device)[None]  # [1, <= W]
