@@ -35,15 +35,18 @@ def _groups_of_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     out_features, in_features = weight.shape
     groups = weight.float().view(out_features, in_features // GROUP, GROUP)
     low, high = groups.amin(-1), groups.amax(-1)
+
+    def levels(scale: torch.Tensor) -> torch.Tensor:
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return ((groups - low[..., None]) / safe[..., None]).round().clamp(0, 15)
+
     scale = ((high - low) / 15).half().float()  # a Q4 group's top value is low + 15 d (its q = 15)
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = ((groups - low[..., None]) / safe[..., None]).round().clamp(0, 15)
+    q = levels(scale)
     rebuilt = q * scale[..., None] + low[..., None]
     exact = bool(torch.equal(low.half().float(), low)) and bool(torch.equal(rebuilt, groups))
     if not exact:  # plain asymmetric quantisation from the group's range, in float32
         scale = (high - low) / 15
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = ((groups - low[..., None]) / safe[..., None]).round().clamp(0, 15)
+        q = levels(scale)
     return q.to(torch.int32).view(out_features, in_features), scale, low, exact
 
 

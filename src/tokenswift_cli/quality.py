@@ -288,6 +288,11 @@ def evaluate_text(
     return head, report
 
 
+def _nll_cells(nll: float | None) -> str:
+    """The NLL and perplexity cells of a table row."""
+    return "- | -" if nll is None else f"{nll:.2f} | {math.exp(nll):.1f}"
+
+
 def markdown(report: QualityReport) -> str:
     """The report as two markdown tables: by position, and Distinct-n per window."""
     rows = [
@@ -295,13 +300,11 @@ def markdown(report: QualityReport) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for b in report.buckets:
-        nll = "-" if b.nll is None else f"{b.nll:.2f} | {math.exp(b.nll):.1f}"
         rows.append(
-            f"| {b.start}-{b.end} | {nll if b.nll is not None else '- | -'} | {b.repeated_sentences:.1%} "
+            f"| {b.start}-{b.end} | {_nll_cells(b.nll)} | {b.repeated_sentences:.1%} "
             f"| {b.compression:.2f} | {b.word_length:.1f} | {b.foreign:.1%} |"
         )
-    nll = "- | -" if report.nll is None else f"{report.nll:.2f} | {math.exp(report.nll):.1f}"
-    rows.append(f"| all | {nll} | {report.repeated_sentences:.1%} | {report.compression:.2f} | | |")
+    rows.append(f"| all | {_nll_cells(report.nll)} | {report.repeated_sentences:.1%} | {report.compression:.2f} | | |")
     rows += ["", "| tokens | distinct-1 | distinct-2 | distinct-3 | distinct-4 |", "| --- | --- | --- | --- | --- |"]
     rows += [f"| {w.start}-{w.end} | " + " | ".join(f"{d:.3f}" for d in w.distinct) + " |" for w in report.distinct]
     return "\n".join(rows)
