@@ -35,10 +35,13 @@ def test_exact_attention_computes_attention(committed: int) -> None:
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("committed", [5, 300, 700])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("committed", [5, 300, 700, 62, 127])  # 62 and 127: the tree crosses a block edge
 @pytest.mark.parametrize("window", [None, 100])
-def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(committed: int, window: int | None) -> None:
-    query, keys, values = _inputs(committed, torch.bfloat16, seed=committed)
+def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(
+    committed: int, window: int | None, dtype: torch.dtype
+) -> None:
+    query, keys, values = _inputs(committed, dtype, seed=committed)
     sinks = 4 if window else 0
     sink_query = torch.randn_like(query) if window else None
     positions = committed + TREE.depths

@@ -16,6 +16,9 @@ decoding's by up to ~0.5 and the texts part. Here every reduction that rounds is
 The linear layers need the same care (a product of 28, 30, 32 or 40+ rows took another kernel
 here), so in exact mode they too run on at most `EXACT_ROWS` rows at a time (`exact_rows`).
 
+float32 has a cheaper layout of the same idea (`exact_float32.py`), which `exact_attention` takes
+for float32 inputs.
+
 Only verification uses it (plain decoding is verification of the root alone); prefill and drafts
 keep the fast path, whose keys/values both modes share or drop.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .attention import pack_queries, unpack_output
+from .exact_float32 import Float32Layout, exact_attention_float32
 
 BLOCK = 256
 EXACT_ROWS = 16
@@ -70,6 +74,12 @@ def exact_attention(
     ancestors at consecutive positions; default causal). With `window`, row i sees the sinks (through `sink_query`)
     and the positions after `positions[i] - window`; without, everything before it.
     """
+    if query.dtype == torch.float32:
+        layout = Float32Layout.build(
+            positions, committed, block_mask, group=query.shape[1] // keys.shape[1], window=window, sinks=sinks,
+            first_recent=first_recent, block=block,
+        )  # fmt: skip
+        return exact_attention_float32(query, keys, values, layout, scaling=scaling, sink_query=sink_query)
     heads, q_len = query.shape[1], query.shape[2]
     kv, group = keys.shape[1], heads // keys.shape[1]
     device = query.device

@@ -24,6 +24,7 @@ from .attention import attend, window_attention
 from .cache import FullCache, PreallocatedLayer, _PreallocatedCache
 from .config import ContextWindow
 from .exact_attention import exact_attention, exact_rows
+from .exact_float32 import Float32Layout, exact_attention_float32
 from .int4 import Int4Linear
 
 ATTENTION_NAME = "tokenswift"
@@ -189,7 +190,17 @@ class Target:
         if window is not None and (exact or int(positions.max()) >= window.span):
             sink_cos, sink_sin = self.decoder.rotary_emb(x, positions.clamp(max=window.span - 1))
             sink_rotation = (sink_cos[:, None], sink_sin[:, None])
-        plan = _AttentionPlan(positions[0], block_mask, window, cache.length, first_recent, sink_rotation, exact)
+        layout = None
+        if exact and self.dtype == torch.float32:  # worked out once for all layers
+            config = self.model.config
+            group = config.num_attention_heads // (config.num_key_value_heads or config.num_attention_heads)
+            sinks = {"window": window.size, "sinks": window.sinks} if window else {}
+            layout = Float32Layout.build(
+                positions[0], cache.length, block_mask, group=group, first_recent=first_recent, **sinks
+            )
+        plan = _AttentionPlan(
+            positions[0], block_mask, window, cache.length, first_recent, sink_rotation, exact, layout
+        )
         for index, layer in enumerate(self.decoder.layers):
             x = self._lean_layer(layer, x, (cos, sin), cache.layer_list[index], plan=plan, capture=capture)
         return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
@@ -243,6 +254,7 @@ class _AttentionPlan:
     first_recent: int  # the first position held after the sinks (see `FullCache.first_recent`)
     sink_rotation: tuple[torch.Tensor, torch.Tensor] | None  # cos/sin at min(position, window span - 1)
     exact: bool
+    float32_layout: Float32Layout | None = None  # exact in float32: the layout shared by all layers
 
     def attend(
         self,
@@ -259,6 +271,10 @@ class _AttentionPlan:
         if self.sink_rotation is not None:
             cos, sin = self.sink_rotation
             sink_query = raw_query * cos + rotate_half(raw_query) * sin
+        if self.float32_layout is not None:
+            return exact_attention_float32(
+                query, keys, values, self.float32_layout, scaling=scaling, sink_query=sink_query
+            )
         if self.exact:
             sinks = {"first_recent": self.first_recent, "sinks": window.sinks, "window": window.size} if window else {}
             return exact_attention(
