@@ -54,19 +54,35 @@ def test_plans_of_auto_mode() -> None:
     assert [p.source for p in candidate_plans(RunConfig(max_new_tokens=10, mode="plain"), num_heads=3)] == ["plain"]
 
 
+def _drive(tuner: Tuner, iterations: int, rates: dict[str, float], tokens: dict[str, int]) -> list[str]:
+    """Run `tuner` for `iterations`: each plan commits `tokens[source]` per iteration at `rates[source]` tokens/s."""
+    chosen = []
+    for _ in range(iterations):
+        plan = tuner.next()
+        chosen.append(plan.source)
+        tuner.record(plan, tokens[plan.source], tokens[plan.source] / rates[plan.source])
+    return chosen
+
+
 def test_tuner_probes_every_plan_then_keeps_the_fastest() -> None:
     plans = [Plan("plain", DraftConfig()), Plan("verify", DraftConfig(source="verify")), Plan("pass", DraftConfig())]
     rates = {"plain": 10.0, "verify": 30.0, "pass": 20.0}  # tokens per second of each plan
     tuner = Tuner(plans, probe=2, period=50)
-    chosen = []
-    for _ in range(200):
-        plan = tuner.next()
-        chosen.append(plan.source)
-        tuner.record(plan, 3, 3 / rates[plan.source])
+    chosen = _drive(tuner, 200, rates, {"plain": 1, "verify": 3, "pass": 3})
     assert chosen[:3] == ["plain", "verify", "pass"]  # the first round probes each plan briefly
     assert set(chosen[3:50]) == {"verify"}
     # Later rounds probe again as the context grows, then less often; a plan clearly slower than the
-    # best (under `keep` x its rate) gets a single probe.
-    assert chosen[50:54] == ["plain", "verify", "verify", "pass"]
-    assert chosen[150:154] == chosen[50:54] and set(chosen[54:150]) == {"verify"}
+    # best (under `keep` x its rate) gets a single probe, and plain steps, whose 1 token per step
+    # is all they can do, none while a draft plan is faster.
+    assert chosen[50:53] == ["verify", "verify", "pass"]
+    assert chosen[150:153] == chosen[50:53] and set(chosen[53:150]) == {"verify"}
     assert tuner.summary()["plain"] == pytest.approx(10.0)
+
+
+def test_tuner_drops_a_plan_that_could_not_win_even_at_full_acceptance() -> None:
+    costly = Plan("pass", DraftConfig(tree=(1, 3, 3, 3)))  # at most 5 tokens per iteration
+    tuner = Tuner([Plan("plain", DraftConfig()), costly], probe=4, period=20)
+    # Each iteration of the tree takes 8 plain steps: 5 / 8 of plain's rate even if all were accepted.
+    chosen = _drive(tuner, 200, {"plain": 10.0, "pass": 1.0 / 0.8}, {"plain": 1, "pass": 1})
+    assert chosen.count("pass") == 1  # one probe, where the first round had two, and none later
+    assert chosen[:4] == ["plain", "plain", "pass", "plain"]

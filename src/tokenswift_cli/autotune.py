@@ -6,7 +6,9 @@ machine, the context length and the acceptance of this very text, so the tuner m
 tries each plan (plain steps, small and full drafts, from a draft pass or from the verification
 pass) for a few iterations, keeps the one with the most tokens per second, and probes them all
 again after `period` iterations, then after twice as many, and so on (up to `max_period`):
-costs drift slowly as the context grows, while every probe of a slow plan costs time. Plain steps
+costs drift slowly as the context grows, while every probe of a slow plan costs time. A plan that
+could not beat the best even if every draft were accepted (a 45-node tree at 8K context takes ~8
+plain steps on this CPU and commits at most 5 tokens) is not probed again. Plain steps
 are one of the plans, so the automatic mode is never much slower than plain decoding. Every plan
 writes the same text (each is lossless), so switching between them changes only the speed.
 """
@@ -14,6 +16,7 @@ writes the same text (each is lossless), so switching between them changes only 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,10 +71,16 @@ class _Arm:
     plan: Plan
     tokens: float = 0.0
     seconds: float = 0.0
+    iterations: float = 0.0
 
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ceiling(self) -> float:
+        """The rate if every draft slot of every iteration were accepted (unknown before a probe)."""
+        return (self.plan.depth_cap + 1) * self.iterations / self.seconds if self.seconds > 0 else math.inf
 
 
 class Tuner:
@@ -107,6 +116,8 @@ class Tuner:
         best = self.arms[self.best].rate
         schedule: list[int] = []
         for index, arm in enumerate(self.arms):
+            if self._hopeless(index):
+                continue
             if arm.seconds == 0:
                 count = max(1, self.probe // 2)
             else:
@@ -121,9 +132,13 @@ class Tuner:
         if self.iteration >= self.period:  # a new round: probe again, and wait longer next time
             self.iteration, self.period = 0, min(2 * self.period, self.max_period)
             self.probes = self._schedule()
-        if self.iteration < len(self.probes):
+        if self.iteration < len(self.probes) and not self._hopeless(self.probes[self.iteration]):
             return self.arms[self.probes[self.iteration]].plan
         return self.arms[self.best].plan
+
+    def _hopeless(self, index: int) -> bool:
+        """Whether arm `index` cannot beat the best plan's measured rate even at full acceptance."""
+        return self.arms[index].ceiling < self.arms[self.best].rate
 
     def record(self, plan: Plan, tokens: int, seconds: float) -> None:
         """One iteration of `plan` committed `tokens` in `seconds` (older measurements fade)."""
@@ -133,6 +148,7 @@ class Tuner:
         arm = next(a for a in self.arms if a.plan == plan)
         arm.tokens = arm.tokens * self.decay + tokens
         arm.seconds = arm.seconds * self.decay + seconds
+        arm.iterations = arm.iterations * self.decay + 1
         self.best = max(range(len(self.arms)), key=lambda i: self.arms[i].rate)
 
     def summary(self) -> dict[str, float]:
