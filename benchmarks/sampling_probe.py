@@ -1,7 +1,8 @@
 """Continue a run's own text from one of its positions with other sampling settings (plain decoding).
 
-    .venv/bin/python benchmarks/sampling_probe.py RUN_DIR START NEW [--dry 0.8] [--penalty 1.05]
-        [--penalty-window 256] [--min-p 0.2] [--temperature 0.8] [--scripts any] [--dtype float32]
+    .venv/bin/python benchmarks/sampling_probe.py RUN_DIR START NEW [--dry 0.8] [--dry-allowed-length 4]
+        [--dry-base 1.75] [--penalty 1.05] [--penalty-window 256] [--min-p 0.2] [--temperature 0.8]
+        [--scripts any] [--dtype float32]
 
 Replays the run's settings (model and weights, sampling, context window) from its settings.json,
 keeps its first START generated tokens as the prefix, writes NEW more with the settings changed as
@@ -38,6 +39,8 @@ def main() -> None:
     parser.add_argument("start", type=int)
     parser.add_argument("new", type=int)
     parser.add_argument("--dry", type=float, default=None)
+    parser.add_argument("--dry-allowed-length", type=int, default=None)
+    parser.add_argument("--dry-base", type=float, default=None)
     parser.add_argument("--penalty", type=float, default=None, help="Token penalty (1 = off; default: the run's).")
     parser.add_argument("--penalty-window", type=int, default=None)
     parser.add_argument("--min-p", type=float, default=None)
@@ -61,6 +64,10 @@ def main() -> None:
     changes: dict[str, object] = {}
     if args.dry is not None:
         changes["dry_multiplier"] = args.dry or None
+    if args.dry_allowed_length is not None:
+        changes["dry_allowed_length"] = args.dry_allowed_length
+    if args.dry_base is not None:
+        changes["dry_base"] = args.dry_base
     if args.penalty is not None:
         changes["penalty"] = None if args.penalty == 1.0 else args.penalty
     if args.penalty_window is not None:
