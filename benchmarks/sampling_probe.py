@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/sampling_probe.py RUN_DIR START NEW [--dry 0.8] [--dry-allowed-length 4]
         [--dry-base 1.75] [--penalty 1.05] [--penalty-window 256] [--min-p 0.2] [--temperature 0.8]
-        [--scripts any] [--dtype float32]
+        [--seed 1] [--scripts any] [--dtype float32]
 
 Replays the run's settings (model and weights, sampling, context window) from its settings.json,
 keeps its first START generated tokens as the prefix, writes NEW more with the settings changed as
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--penalty-window", type=int, default=None)
     parser.add_argument("--min-p", type=float, default=None)
     parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None, help="Seed of the position-keyed draws (default: the run's).")
     parser.add_argument("--scripts", default=None, help="any, auto or names (default: the run's).")
     parser.add_argument("--dtype", default=None, help="Default: the run's.")
     parser.add_argument("--out", type=Path, default=None, help="Also write the JSON result here.")
@@ -76,6 +77,8 @@ def main() -> None:
         changes["min_p"] = args.min_p
     if args.temperature is not None:
         changes["temperature"] = args.temperature
+    if args.seed is not None:
+        changes["seed"] = args.seed
     if args.scripts is not None:
         changes["scripts"] = scripts.parse_scripts(args.scripts)
     sampling = dataclasses.replace(cfg.sampling, **changes)  # type: ignore[arg-type]
