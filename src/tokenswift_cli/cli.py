@@ -43,6 +43,7 @@ from .options import (
     ContextWindowOpt,
     DeviceOpt,
     DraftOpt,
+    DryBaseOpt,
     DryOpt,
     DTypeOpt,
     EtaOpt,
@@ -208,6 +209,7 @@ def write(
     penalty: PenaltyOpt = None,
     penalty_window: PenaltyWindowOpt = None,
     dry: DryOpt = None,
+    dry_base: DryBaseOpt = None,
     scripts: ScriptsOpt = None,
     seed: SeedOpt = SAMPLING_DEFAULTS.seed,
     mode: ModeOpt = "tokenswift",
@@ -230,7 +232,7 @@ def write(
     with errors():
         sampling = sampling_for(
             model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
-            penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None,
+            penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None, dry_base=dry_base,
             scripts=None if scripts is None else parse_scripts(scripts),
         )  # fmt: skip
         if dry == 0:  # "0 = off", also when the model's defaults turn DRY on

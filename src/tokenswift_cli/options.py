@@ -162,6 +162,14 @@ DryOpt = Annotated[
         rich_help_panel=_SAMPLE,
     ),
 ]
+DryBaseOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--dry-base",
+        help="DRY growth: a repeat of n tokens loses --dry x base^(n - 2); >= 1.",
+        rich_help_panel=_SAMPLE,
+    ),
+]
 ScriptsOpt = Annotated[
     str | None,
     typer.Option(
