@@ -133,7 +133,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--seed", "9", "--mode", "plain", "--tree", "1,2,2", "--draft", "verify", "--threads", "1",
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
-        "--dry", "0.8", "--dry-base", "1.2", "--scripts", "latin,greek", "--weights", "int4",
+        "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -146,7 +146,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         penalty_window=64,
         seed=9,
         dry_multiplier=0.8,
-        dry_base=1.2,
+        dry_base=1.3,
         scripts=("greek", "latin"),
     )
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify")
