@@ -28,6 +28,13 @@ SmolLM2-135M-Instruct, measured on this project's CPU (issue 6), 1024 tokens per
   tokens 4,000-8,000 had Distinct-4 0.859, compression 3.68. Replayed from its 4,000th token for
   4,000 more: DRY 1.5 gave 0.975 and 2.98 (prose), penalty 1.1 with DRY 0.8 gave 0.939 and 2.36
   (ending in a list). Hence DRY 1.5.
+* With DRY 1.5 growing as 1.75^(n-2) with the length n of a repeat, run-010 (100K target) slid
+  into run-together words, invented names and letter strings in 31 of 152 stretches of 500
+  tokens (to 76K; 30 of them before 42K): respelling a phrase without its spaces is the cheapest
+  way out of a long repeat. From its 11,000th token, base 1.2 kept prose for 4,000 tokens where
+  temperature 0.7/0.8, min-p 0.2 and DRY allowed length 4 slid or looped; a whole run with base
+  1.2 (run-012) had 1 such stretch in its first 40 (20,367 tokens; run-010: 12 of its first 40).
+  Hence DRY base 1.2.
 Context: past the trained 8192 positions a 4K context window keeps the model as trained
 (`automatic_window`); as configured, the NLL of real prose rises from ~2.9 to 5.5-7.3 nats past
 12K positions. End-of-text tokens are suppressed unless the run stops at them (`suppressed_ids`).
@@ -41,7 +48,7 @@ from collections.abc import Sequence
 from .config import AutoWindow, SamplingConfig
 
 EMBEDDED = SamplingConfig(
-    temperature=1.0, min_p=0.1, penalty=1.05, penalty_window=512, dry_multiplier=1.5, scripts=("auto",)
+    temperature=1.0, min_p=0.1, penalty=1.05, penalty_window=512, dry_multiplier=1.5, dry_base=1.2, scripts=("auto",)
 )
 # The TokenSwift paper's settings (theta 1.2 over W 1024, min-p 0.1), measured there on 7-8B models.
 PAPER = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
