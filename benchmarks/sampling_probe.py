@@ -62,23 +62,13 @@ def main() -> None:
     if args.dtype:
         spec = dataclasses.replace(spec, dtype=args.dtype)
     loaded = load_model(spec)
-    changes: dict[str, object] = {}
+    # Flags named like their SamplingConfig field; --dry, --penalty and --scripts translate below.
+    same_name = ("dry_allowed_length", "dry_base", "penalty_window", "min_p", "temperature", "seed")
+    changes: dict[str, object] = {k: getattr(args, k) for k in same_name if getattr(args, k) is not None}
     if args.dry is not None:
         changes["dry_multiplier"] = args.dry or None
-    if args.dry_allowed_length is not None:
-        changes["dry_allowed_length"] = args.dry_allowed_length
-    if args.dry_base is not None:
-        changes["dry_base"] = args.dry_base
     if args.penalty is not None:
         changes["penalty"] = None if args.penalty == 1.0 else args.penalty
-    if args.penalty_window is not None:
-        changes["penalty_window"] = args.penalty_window
-    if args.min_p is not None:
-        changes["min_p"] = args.min_p
-    if args.temperature is not None:
-        changes["temperature"] = args.temperature
-    if args.seed is not None:
-        changes["seed"] = args.seed
     if args.scripts is not None:
         changes["scripts"] = scripts.parse_scripts(args.scripts)
     sampling = dataclasses.replace(cfg.sampling, **changes)  # type: ignore[arg-type]
