@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from tokenswift_cli.bench import distinct_n, first_divergence
+from tokenswift_cli.bench import Bench, distinct_n, first_divergence
 from tokenswift_cli.bench_models import BenchRequest, run_bench
+from tokenswift_cli.bench_report import render_table
 from tokenswift_cli.cli_bench import parse_count, register
 
 TINY = {
@@ -75,3 +77,73 @@ def test_bench_runs_the_engine_under_a_context_window(tmp_path) -> None:  # type
     assert all(r.equal_to_plain for r in results if r.method == "tokenswift")
     document = json.loads((tmp_path / "w.json").read_text())
     assert document["settings"]["rope"]["window"] == {"size": 16, "sinks": 4}
+
+
+class _FakeLlama:
+    """Stands in for llama_cpp.Llama: the wiring is tested here, the library by its own tests."""
+
+    made: list[dict[str, object]] = []
+
+    def __init__(self, **options: object) -> None:
+        _FakeLlama.made.append(options)
+        self.seed = -1
+
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+
+    def generate(self, tokens: list[int], **options: object):  # type: ignore[no-untyped-def]
+        assert options["top_k"] == 0 and options["top_p"] == 1.0 and options["min_p"] == 0.1
+        assert options["temp"] == 1.0 and options["repeat_penalty"] == 1.2
+        token = len(tokens) + self.seed
+        while True:  # endless, like llama.cpp without a stop
+            token += 1
+            yield token % 100
+
+
+def test_bench_times_llama_cpp_beside_the_engine(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import importlib.machinery
+    import sys
+    import types
+
+    from tokenswift_cli import bench_models
+
+    fake = types.ModuleType("llama_cpp")
+    fake.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)
+    fake.Llama = _FakeLlama  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(bench_models, "gguf_file", lambda model: gguf)
+    request = BenchRequest(sampling="paper", seed=3, **TINY)  # type: ignore[arg-type]
+    monkeypatch.setattr(BenchRequest, "chosen_methods", lambda self: ("plain", "llama_cpp"))
+    settings = request.settings()
+    llama = bench_models._llama(dataclasses.replace(request, quick=False), settings)
+    assert _FakeLlama.made[-1]["model_path"] == str(gguf) and _FakeLlama.made[-1]["last_n_tokens_size"] == 1024
+    assert _FakeLlama.made[-1]["n_ctx"] == 48 + 16 + 8  # the longest case
+    target, heads, _, _ = bench_models.open_model(request)
+    results = Bench(target, heads, settings, llama).run(list(range(2, 50)))
+    by_method = {(r.case.context, r.method): r for r in results}
+    fake_run = by_method[(48, "llama_cpp")]
+    assert fake_run.tokens == 16 and fake_run.equal_to_plain is None and fake_run.speedup_plain
+    assert "-" in render_table(results).columns[-1]._cells  # not marked as differing from plain
+
+
+def test_llama_cpp_needs_a_gguf_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tokenswift_cli.bench_llamacpp import gguf_file
+
+    with pytest.raises(ValueError, match="needs a GGUF model"):
+        gguf_file(str(tmp_path))
+    request = BenchRequest(methods=("plain", "llama_cpp"), **TINY)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not the --quick tiny model"):
+        run_bench(request, out_dir=tmp_path, name="x")
+
+
+def test_auto_methods_add_llama_cpp_only_for_gguf_models(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tokenswift_cli import bench_models
+
+    monkeypatch.setattr(bench_models, "llama_available", lambda: True)
+    assert BenchRequest().chosen_methods()[-1] == "llama_cpp"
+    assert BenchRequest(model="some/folder").chosen_methods()[-1] == "prompt_lookup"
+    assert BenchRequest(quick=True).chosen_methods()[-1] == "prompt_lookup"
+    monkeypatch.setattr(bench_models, "llama_available", lambda: False)
+    assert BenchRequest().chosen_methods()[-1] == "prompt_lookup"

@@ -1,4 +1,4 @@
-"""The side-by-side benchmark: plain decoding, TokenSwift, `generate()` and prompt lookup, interleaved.
+"""The side-by-side benchmark: plain decoding, TokenSwift, `generate()`, prompt lookup and llama.cpp.
 
 Every method of a case continues the same prefix with the same settings in the same process, and the
 methods take turns (their order rotates per repeat) so that drift of a shared machine hits them all.
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from .bench_llamacpp import LlamaCpp
 from .config import ContextWindow, DraftConfig, RunConfig, SamplingConfig
 from .decode import generate
 from .heads import DraftHeads
@@ -27,8 +28,9 @@ from .metrics import Stats
 from .state import GenerationState, prefill
 from .target import Target
 
-METHODS = ("plain", "tokenswift", "generate", "prompt_lookup")
+METHODS = ("plain", "tokenswift", "generate", "prompt_lookup", "llama_cpp")
 ENGINE_METHODS = ("plain", "tokenswift")
+HF_METHODS = ("generate", "prompt_lookup")
 PAPER_SAMPLING = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
 GREEDY = SamplingConfig()
 
@@ -50,7 +52,7 @@ class BenchSettings:
     draft: DraftConfig = field(default_factory=DraftConfig)
     repeats: int = 1
     prompt_lookup_tokens: int = 10
-    window: ContextWindow | None = None  # the engine's; generate() and prompt lookup attend to everything
+    window: ContextWindow | None = None  # the engine's; the other methods attend to everything
 
     def __post_init__(self) -> None:
         unknown = set(self.methods) - set(METHODS)
@@ -122,10 +124,17 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 class Bench:
-    """Runs the methods of `settings` on one model; `heads` None drafts with the base model and n-grams."""
+    """Runs the methods of `settings` on one model; `heads` None drafts with the base model and n-grams.
 
-    def __init__(self, target: Target, heads: DraftHeads | None, settings: BenchSettings) -> None:
-        self.target, self.heads, self.settings = target, heads, settings
+    `llama` is the llama.cpp context of the model's GGUF file, needed when the methods name llama_cpp.
+    """
+
+    def __init__(
+        self, target: Target, heads: DraftHeads | None, settings: BenchSettings, llama: LlamaCpp | None = None
+    ) -> None:
+        if "llama_cpp" in settings.methods and llama is None:
+            raise ValueError("the llama_cpp method needs a llama.cpp context of the model")
+        self.target, self.heads, self.settings, self.llama = target, heads, settings, llama
 
     def run(self, text_tokens: Sequence[int], on_result: Callable[[Result], None] | None = None) -> list[Result]:
         results = []
@@ -143,12 +152,14 @@ class Bench:
         methods = self.settings.methods
         runs: dict[str, list[_Run]] = {m: [] for m in methods}
         engine_state = prefill(self.target, prompt, self._config("tokenswift", case))
-        hf_cache = self._hf_prefill(prompt) if set(methods) - set(ENGINE_METHODS) else None
+        hf_cache = self._hf_prefill(prompt) if set(methods) & set(HF_METHODS) else None
         for repeat in range(self.settings.repeats):
             shift = repeat % len(methods)
             for method in methods[shift:] + methods[:shift]:
                 if method in ENGINE_METHODS:
                     runs[method].append(self._engine(method, case, engine_state))
+                elif method == "llama_cpp":
+                    runs[method].append(self._llama_cpp(case, prompt))
                 else:
                     assert hf_cache is not None
                     runs[method].append(self._hf(method, case, prompt, hf_cache))
@@ -206,6 +217,12 @@ class Bench:
             return _Run(tokens, end - clock.first, peak.mb, timed_tokens=len(tokens) - clock.first_count)
         return _Run(tokens, end - start, peak.mb)
 
+    def _llama_cpp(self, case: Case, prompt: list[int]) -> _Run:
+        assert self.llama is not None
+        with PeakRss() as peak:
+            timed = self.llama.continue_text(prompt, case.new_tokens)
+        return _Run(timed.tokens, timed.seconds, peak.mb, timed_tokens=timed.timed_tokens)
+
 
 class _FirstTokenClock:
     """A `generate()` streamer that notes when the first new tokens arrive (after the prompt)."""
@@ -257,14 +274,14 @@ def _compare(case: Case, runs: dict[str, list[_Run]]) -> list[Result]:
     for method, method_runs in runs.items():
         run = method_runs[0]
         stats = run.stats if method == "tokenswift" else None
-        divergence = first_divergence(run.tokens, plain)
+        divergence = None if method == "llama_cpp" else first_divergence(run.tokens, plain)  # its own model
         results.append(Result(
             case=case, method=method, tokens=len(run.tokens), seconds=seconds[method],
             peak_rss_mb=max(r.peak_rss_mb for r in method_runs),
             distinct=tuple(distinct_n(run.tokens, n) for n in (1, 2, 3, 4)),  # type: ignore[arg-type]
             alpha=stats.alpha if stats else None, beta=stats.beta if stats else None,
             mean_accepted=stats.mean_accepted if stats else None,
-            equal_to_plain=divergence is None, first_divergence=divergence,
+            equal_to_plain=None if method == "llama_cpp" else divergence is None, first_divergence=divergence,
             speedup_plain=seconds["plain"] / seconds[method] if seconds[method] else None,
             speedup_generate=seconds["generate"] / seconds[method] if "generate" in seconds else None,
             phases=dict(run.stats.seconds) if run.stats else None,

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from .bench import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
+from .bench_llamacpp import LlamaCpp, gguf_file
+from .bench_llamacpp import available as llama_available
 from .config import DEFAULT_SINKS, AutoWindow, ContextWindow, DraftConfig, ModelSpec, RunConfig
 from .heads import DraftHeads, load_heads, shipped_heads
 from .options import parse_window
@@ -35,7 +37,7 @@ class BenchRequest:
     contexts: tuple[int, ...] = (2048, 8192)
     context_tokens: int = 256
     prefix_file: Path | None = None
-    methods: tuple[str, ...] = ("plain", "tokenswift", "generate", "prompt_lookup")
+    methods: tuple[str, ...] | None = None  # None: the four below, and llama_cpp when it is installed
     sampling: str = "paper"
     seed: int = 0
     draft: str = "auto"
@@ -52,6 +54,13 @@ class BenchRequest:
         by_context = [Case(c, self.context_tokens, "context") for c in self.contexts]
         return tuple(by_length + by_context)
 
+    def chosen_methods(self) -> tuple[str, ...]:
+        if self.methods is not None:
+            return self.methods
+        stock = ("plain", "tokenswift", "generate", "prompt_lookup")
+        gguf = self.model == "default" or self.model.lower().endswith(".gguf")
+        return stock + ("llama_cpp",) if llama_available() and gguf and not self.quick else stock
+
     def settings(self, window: ContextWindow | None = None) -> BenchSettings:
         if self.sampling not in ("paper", "greedy"):
             raise ValueError(f"unknown sampling {self.sampling!r}: use paper or greedy")
@@ -65,7 +74,7 @@ class BenchRequest:
         if self.quick:
             changes.update(partial_budget=64, sink_tokens=4, recent_window=16)
         draft = dataclasses.replace(draft, **changes).drafting(self.draft)  # a ConfigError is a ValueError
-        return BenchSettings(self.cases(), self.methods, sampling, draft, self.repeats, window=window)
+        return BenchSettings(self.cases(), self.chosen_methods(), sampling, draft, self.repeats, window=window)
 
 
 def quick_model(seed: int = 0) -> Any:
@@ -170,7 +179,7 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
     settings = request.settings(ContextWindow(**window) if window else None)
     needed = max(c.context for c in settings.cases)
     text = prefix_tokens(request, tokenizer, needed)
-    bench = Bench(target, heads, settings)
+    bench = Bench(target, heads, settings, _llama(request, settings))
 
     document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None, "rope": context,
                 "command": " ".join(["tokenswift", *sys.argv[1:]])}  # fmt: skip
@@ -189,6 +198,17 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
     paths = write_results(out_dir, name, results, document)
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return results, paths
+
+
+def _llama(request: BenchRequest, settings: BenchSettings) -> LlamaCpp | None:
+    """llama.cpp on the model's GGUF file, sized for the longest case, when the methods name it."""
+    if "llama_cpp" not in settings.methods:
+        return None
+    if request.quick:
+        raise ValueError("the llama_cpp method runs GGUF models, not the --quick tiny model")
+    longest = max(case.context + case.new_tokens for case in settings.cases)
+    threads = request.threads or torch.get_num_threads()
+    return LlamaCpp(gguf_file(request.model), context=longest + 8, threads=threads, sampling=settings.sampling)
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,8 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def _same(result: Result) -> str:
     if result.method == "plain":
         return ""
+    if result.equal_to_plain is None:  # llama.cpp: another implementation of the model, compared for speed
+        return "-"
     if result.equal_to_plain:
         return "[green]yes[/]"
     return f"[red]no @{result.first_divergence}[/]"

@@ -1,4 +1,4 @@
-"""`tokenswift bench`: plain decoding, TokenSwift, `generate()` and prompt lookup side by side.
+"""`tokenswift bench`: plain decoding, TokenSwift, `generate()`, prompt lookup and llama.cpp side by side.
 
 Thin: parses the options into `BenchSettings` and calls `bench_models.run_bench`; torch is imported
 only when the command runs.
@@ -46,8 +46,12 @@ def bench_command(
     context_tokens: Annotated[str, typer.Option(help="Tokens generated per context-axis case.")] = "256",
     prefix_file: Annotated[Path | None, typer.Option(help="Text whose first N tokens are the prefix.")] = None,
     methods: Annotated[
-        str, typer.Option(help="Among plain,tokenswift,generate,prompt_lookup.")
-    ] = "plain,tokenswift,generate,prompt_lookup",
+        str,
+        typer.Option(
+            help="Among plain,tokenswift,generate,prompt_lookup,llama_cpp; auto: all but llama_cpp, "
+            "and llama_cpp too when llama-cpp-python is installed and the model is a GGUF file."
+        ),
+    ] = "auto",
     sampling: Annotated[str, typer.Option(help="'paper' (T=1, min-p 0.1, penalty 1.2 / 1024) or 'greedy'.")] = "paper",
     seed: Annotated[int, typer.Option(help="Seed of the position-keyed random stream.")] = 0,
     draft: Annotated[
@@ -65,14 +69,15 @@ def bench_command(
     ] = "none",
     sinks: Annotated[int, typer.Option(min=1, help="Sink tokens of --context-window.")] = 4,
 ) -> None:
-    """Measure plain decoding, TokenSwift, generate() and prompt lookup on the same prefixes, interleaved."""
+    """Measure plain decoding, TokenSwift, generate(), prompt lookup and llama.cpp on the same prefixes, interleaved."""
     from .bench_models import BenchRequest, run_bench
 
     request = BenchRequest(
         model=model, dtype=dtype, weights=weights, heads=heads, lengths=tuple(parse_counts(lengths)),
         length_context=parse_count(length_context), contexts=tuple(parse_counts(contexts)),
         context_tokens=parse_count(context_tokens), prefix_file=prefix_file,
-        methods=tuple(m.strip() for m in methods.split(",") if m.strip()), sampling=sampling, seed=seed,
+        methods=None if methods == "auto" else tuple(m.strip() for m in methods.split(",") if m.strip()),
+        sampling=sampling, seed=seed,
         draft=draft, tree=tree, ngram_top_k=ngram_top_k, repeats=repeats, threads=threads, quick=quick,
         context_window=context_window, sinks=sinks,
     )  # fmt: skip
