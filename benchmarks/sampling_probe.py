@@ -8,8 +8,9 @@ Replays the run's settings (model and weights, sampling, context window) from it
 keeps its first START generated tokens as the prefix, writes NEW more with the settings changed as
 asked (unset flags keep the run's; `--dry 0` and `--penalty 1` turn those off), and prints
 measures of the new text: Distinct-4, repeated sentences, compression, the share of characters
-outside the prefix's scripts, and the mean word length per 500 tokens (English prose ~5; words
-running together push it past 8), with the first 500-token stretch past 8.
+outside the prefix's scripts, and per stretch of 500 tokens the mean word length (English prose ~5;
+words running together push it past 8) and compression (loops and lists push it past 3): the share
+of degenerate stretches (quality.py) and the first of them.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ from tokenswift_cli import scripts
 from tokenswift_cli.config import ModelSpec, RunConfig
 from tokenswift_cli.decode import generate_tokens
 from tokenswift_cli.loading import load_model
-from tokenswift_cli.quality import distinct_n, mean_word_length, repeated_sentence_rate
+from tokenswift_cli.quality import degenerate_share, distinct_n, repeated_sentence_rate, stretches
 from tokenswift_cli.target import Target
-
-CHUNK = 500
 
 
 def main() -> None:
@@ -77,7 +76,7 @@ def main() -> None:
     run = cfg.replace(max_new_tokens=args.new, mode="plain", sampling=sampling)
     out, _ = generate_tokens(Target(loaded.model), None, prompt, run)
     text = loaded.tokenizer.decode(out)
-    words = [round(mean_word_length(loaded.tokenizer.decode(out[i : i + CHUNK])), 1) for i in range(0, len(out), CHUNK)]
+    pieces = stretches(out, loaded.tokenizer)
     alphabet = scripts.Alphabet(scripts.scripts_of(prefix_text))
     result = {
         "run": str(args.run), "start": args.start, "new": args.new, "weights": spec.weights,
@@ -86,8 +85,10 @@ def main() -> None:
         "distinct_4": round(distinct_n(out, 4), 3), "repeated_sentences": round(repeated_sentence_rate(text), 3),
         "compression": round(len(text.encode()) / max(1, len(zlib.compress(text.encode()))), 2),
         "foreign_chars": round(alphabet.foreign_share(text), 3),
-        "word_length_per_500": words,
-        "first_run_together": next((args.start + CHUNK * i for i, w in enumerate(words) if w > 8), None),
+        "degenerate": degenerate_share(pieces),
+        "word_length_per_500": [round(p.word_length, 1) for p in pieces],
+        "compression_per_500": [round(p.compression, 2) for p in pieces],
+        "first_degenerate": next((args.start + p.start for p in pieces if p.degenerate), None),
         "start_text": text[:300], "end_text": text[-300:],
     }  # fmt: skip
     print(json.dumps(result, ensure_ascii=False, indent=1))

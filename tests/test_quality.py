@@ -21,6 +21,7 @@ from tokenswift_cli.quality import (
     markdown,
     repeated_sentence_rate,
     sentences,
+    stretches,
     token_nll,
 )
 
@@ -121,9 +122,31 @@ def test_evaluate_by_position_with_a_context() -> None:
     assert report.distinct[0].distinct[0] == pytest.approx(7 / 24)
     assert math.isclose(report.buckets[0].perplexity or 0, math.exp(report.buckets[0].nll or 0))
     assert report.buckets[0].word_length == pytest.approx(26 / 7) and report.buckets[0].foreign == 0.0
+    assert report.stretches == () and report.degenerate is None  # shorter than one stretch
     table = markdown(report)
     assert "| 0-16 |" in table and "| all |" in table and "distinct-4" in table
     assert json.loads(json.dumps(report.to_dict()))["tokens"] == 48
+
+
+class CharTokenizer:
+    """One token per character: stretches of 500 tokens are 500 characters."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+
+def test_stretches_flag_loops_and_run_together_words_but_not_prose() -> None:
+    prose = Path(__file__).resolve().parents[2] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
+    text = prose.read_text(encoding="utf-8")[20_000:22_000] if prose.is_file() else None
+    if text is None:  # the books live beside the repository; this varied text stands in without them
+        text = " ".join(f"word{i} alpha{i * 7 % 13} beta{i * 11 % 17}" for i in range(200))[:2000]
+    loop = ("whatever your destiny may be, your fate is forever. " * 10)[:500]
+    joined = ("thelovedoneslavetheworldthelusedone " * 20)[:500]
+    found = stretches([ord(c) for c in text[:1000] + loop + joined + "tail"], CharTokenizer())
+    assert [s.start for s in found] == [0, 500, 1000, 1500]  # the short tail is left out
+    assert [s.degenerate for s in found] == [False, False, True, True]
+    assert found[2].looping and not found[2].run_together
+    assert found[3].run_together
 
 
 def test_evaluate_without_model_skips_perplexity() -> None:

@@ -8,6 +8,12 @@ the model (as loaded, e.g. with YaRN) copes with long contexts. Low perplexity a
 repetition, so read it with Distinct-n (distinct n-grams / n-grams, token ids, per window), the rate of
 sentences that already occurred earlier in the text, and the zlib compression ratio (raw / compressed:
 higher = more repetitive; English prose is about 2.5-3).
+
+A small model's long text rarely fails everywhere at once: it slips for a few hundred tokens and
+comes back. So the text is also cut into stretches of 500 tokens, and a stretch counts as degenerate
+when its words run together (mean word length past 8; prose is ~4.5-5) or it loops (zlib compression
+of the stretch past 3.0: the 500-token stretches of the public-domain books in ../shared/data/prefixes
+stay within 1.2-2.1, while lists of invented names and phrase loops reach 3.1-4.6).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from .scripts import Alphabet, scripts_of
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n+")
 _MIN_SENTENCE_WORDS = 4  # shorter ones ("He nodded.") repeat in any good text
+STRETCH_TOKENS = 500
+RUN_TOGETHER_WORD_LENGTH = 8.0
+LOOP_COMPRESSION = 3.0
 
 
 @dataclass(frozen=True)
@@ -55,10 +64,32 @@ class Bucket:
     compression: float
     word_length: float = 0.0
     foreign: float = 0.0
+    degenerate: float | None = None  # share of the 500-token stretches starting here that are degenerate
 
     @property
     def perplexity(self) -> float | None:
         return None if self.nll is None else math.exp(self.nll)
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """`STRETCH_TOKENS` tokens from `start`: the two measures that flag a degenerate stretch."""
+
+    start: int
+    word_length: float
+    compression: float
+
+    @property
+    def run_together(self) -> bool:
+        return self.word_length > RUN_TOGETHER_WORD_LENGTH
+
+    @property
+    def looping(self) -> bool:
+        return self.compression > LOOP_COMPRESSION
+
+    @property
+    def degenerate(self) -> bool:
+        return self.run_together or self.looping
 
 
 @dataclass(frozen=True)
@@ -78,6 +109,12 @@ class QualityReport:
     compression: float
     buckets: tuple[Bucket, ...]
     distinct: tuple[DistinctWindow, ...]
+    stretches: tuple[Stretch, ...] = ()
+
+    @property
+    def degenerate(self) -> float | None:
+        """Share of the 500-token stretches that run words together or loop (None: shorter text)."""
+        return degenerate_share(self.stretches)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +239,19 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw, 9)) if raw else 1.0
 
 
+def stretches(tokens: Sequence[int], tokenizer: Tokenizer, size: int = STRETCH_TOKENS) -> tuple[Stretch, ...]:
+    """The whole stretches of `size` tokens (a shorter tail compresses less, so it is left out)."""
+    found = []
+    for start in range(0, len(tokens) - size + 1, size):
+        text = str(tokenizer.decode(list(tokens[start : start + size])))
+        found.append(Stretch(start, mean_word_length(text), compression_ratio(text)))
+    return tuple(found)
+
+
+def degenerate_share(found: Sequence[Stretch]) -> float | None:
+    return sum(s.degenerate for s in found) / len(found) if found else None
+
+
 def distinct_windows(tokens: Sequence[int], size: int = 10_000) -> tuple[DistinctWindow, ...]:
     """Distinct-1..4 per window of `size` tokens; a last partial window counts if it is at least half one."""
     starts = [s for s in range(0, len(tokens), size) if s == 0 or len(tokens) - s >= size // 2]
@@ -238,14 +288,16 @@ def evaluate(
     if scripts is None:  # the prefix's, else those of the text's start
         scripts = scripts_of(str(tokenizer.decode(list(prefix or tokens[:1000]))))
     alphabet = Alphabet(scripts)
+    pieces = stretches(tokens, tokenizer)
     buckets = []
     for start in range(0, len(tokens), bucket):
         end = min(start + bucket, len(tokens))
         text = str(tokenizer.decode(list(tokens[start:end])))
         mean = None if nll is None else float(nll[start:end].nanmean())
+        inside = [s for s in pieces if start <= s.start < end]
         buckets.append(Bucket(
             start, end, mean, repeated_sentence_rate(text, seen), compression_ratio(text), mean_word_length(text),
-            alphabet.foreign_share(text),
+            alphabet.foreign_share(text), degenerate_share(inside),
         ))  # fmt: skip
     whole = str(tokenizer.decode(list(tokens)))
     return QualityReport(
@@ -255,6 +307,7 @@ def evaluate(
         compression=compression_ratio(whole),
         buckets=tuple(buckets),
         distinct=distinct_windows(tokens, distinct_window),
+        stretches=pieces,
     )
 
 
@@ -288,6 +341,10 @@ def evaluate_text(
     return head, report
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def _nll_cells(nll: float | None) -> str:
     """The NLL and perplexity cells of a table row."""
     return "- | -" if nll is None else f"{nll:.2f} | {math.exp(nll):.1f}"
@@ -296,15 +353,18 @@ def _nll_cells(nll: float | None) -> str:
 def markdown(report: QualityReport) -> str:
     """The report as two markdown tables: by position, and Distinct-n per window."""
     rows = [
-        "| tokens | NLL | ppl | repeated sentences | compression | word length | foreign |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| tokens | NLL | ppl | repeated sentences | compression | word length | foreign | degenerate |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for b in report.buckets:
         rows.append(
             f"| {b.start}-{b.end} | {_nll_cells(b.nll)} | {b.repeated_sentences:.1%} "
-            f"| {b.compression:.2f} | {b.word_length:.1f} | {b.foreign:.1%} |"
+            f"| {b.compression:.2f} | {b.word_length:.1f} | {b.foreign:.1%} | {_share(b.degenerate)} |"
         )
-    rows.append(f"| all | {_nll_cells(report.nll)} | {report.repeated_sentences:.1%} | {report.compression:.2f} | | |")
+    rows.append(
+        f"| all | {_nll_cells(report.nll)} | {report.repeated_sentences:.1%} | {report.compression:.2f} | | "
+        f"| {_share(report.degenerate)} |"
+    )
     rows += ["", "| tokens | distinct-1 | distinct-2 | distinct-3 | distinct-4 |", "| --- | --- | --- | --- | --- |"]
     rows += [f"| {w.start}-{w.end} | " + " | ".join(f"{d:.3f}" for d in w.distinct) + " |" for w in report.distinct]
     return "\n".join(rows)
