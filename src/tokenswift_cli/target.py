@@ -20,12 +20,14 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotate_half
 
+from . import row_attention as row_kernel
 from .attention import attend, window_attention
 from .cache import FullCache, PreallocatedLayer, _PreallocatedCache
 from .config import ContextWindow
 from .exact_attention import exact_attention, exact_rows
 from .exact_float32 import Float32Layout, exact_attention_float32
 from .int4 import Int4Linear
+from .row_attention import RowLayout, row_attention
 
 ATTENTION_NAME = "tokenswift"
 
@@ -117,6 +119,10 @@ class Target:
         # 4-bit layers round their inputs to bfloat16: float32 noise of ~1e-7 near a rounding edge
         # becomes a 2^-9 step, so float32 attention must be batch-invariant too (exact mode).
         self.rounds_inputs = any(isinstance(m, Int4Linear) for m in model.modules())
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # Exact float32 attention by the C++ kernel where it applies (compiled on first use), else torch.
+        self.row_kernel = self.device.type == "cpu" and row_kernel.supports(head_dim)
         self._pre_norm: torch.Tensor | None = None
         self.decoder.norm.register_forward_pre_hook(self._keep_pre_norm)
 
@@ -190,14 +196,17 @@ class Target:
         if window is not None and (exact or int(positions.max()) >= window.span):
             sink_cos, sink_sin = self.decoder.rotary_emb(x, positions.clamp(max=window.span - 1))
             sink_rotation = (sink_cos[:, None], sink_sin[:, None])
-        layout = None
+        layout: Float32Layout | RowLayout | None = None
         if exact and self.dtype == torch.float32:  # worked out once for all layers
             config = self.model.config
             group = config.num_attention_heads // (config.num_key_value_heads or config.num_attention_heads)
             sinks = {"window": window.size, "sinks": window.sinks} if window else {}
-            layout = Float32Layout.build(
-                positions[0], cache.length, block_mask, group=group, first_recent=first_recent, **sinks
-            )
+            if self.row_kernel and row_kernel.available():
+                layout = RowLayout.build(positions[0], cache.length, block_mask, first_recent=first_recent, **sinks)
+            else:
+                layout = Float32Layout.build(
+                    positions[0], cache.length, block_mask, group=group, first_recent=first_recent, **sinks
+                )
         plan = _AttentionPlan(
             positions[0], block_mask, window, cache.length, first_recent, sink_rotation, exact, layout
         )
@@ -254,7 +263,7 @@ class _AttentionPlan:
     first_recent: int  # the first position held after the sinks (see `FullCache.first_recent`)
     sink_rotation: tuple[torch.Tensor, torch.Tensor] | None  # cos/sin at min(position, window span - 1)
     exact: bool
-    float32_layout: Float32Layout | None = None  # exact in float32: the layout shared by all layers
+    float32_layout: Float32Layout | RowLayout | None = None  # exact in float32: shared by all layers
 
     def attend(
         self,
@@ -271,6 +280,8 @@ class _AttentionPlan:
         if self.sink_rotation is not None:
             cos, sin = self.sink_rotation
             sink_query = raw_query * cos + rotate_half(raw_query) * sin
+        if isinstance(self.float32_layout, RowLayout):
+            return row_attention(query, keys, values, self.float32_layout, scaling=scaling, sink_query=sink_query)
         if self.float32_layout is not None:
             return exact_attention_float32(
                 query, keys, values, self.float32_layout, scaling=scaling, sink_query=sink_query

@@ -1,0 +1,129 @@
+"""The C++ row-attention kernel: attention's values (against float64), and the same bits for a token
+verified in a tree or decoded alone, with and without a context window, at any thread count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenswift_cli import row_attention as ra
+from tokenswift_cli.tree import build_tree
+
+pytestmark = pytest.mark.skipif(not ra.available(), reason="no C++ compiler for the kernel")
+TREE = build_tree(0, [(1, 2, 3), (4, 5), (6, 7)])  # 1 + 3 + 6 + 12 nodes, depth 3
+HEADS, KV, DIM = 6, 2, 32
+
+
+def _reference(query, sink_query, keys, values, layout: ra.RowLayout, scaling: float):  # type: ignore[no-untyped-def]
+    """Softmax attention in float64, each row over the cache rows the layout says it sees."""
+    q_len, group = query.shape[2], HEADS // KV
+    out = torch.zeros(1, q_len, HEADS * DIM, dtype=torch.float64)
+    for r in range(q_len):
+        nodes = [int(n) for n in layout.ancestors[r] if n >= 0]
+        held = list(range(int(layout.lowest[r]), layout.stored))
+        rows = list(range(layout.sinks)) + held + [layout.stored + n for n in nodes]
+        for h in range(HEADS):
+            k, v = keys[0, h // group, rows].double(), values[0, h // group, rows].double()
+            q = query[0, h, r].double()
+            scores = k @ q
+            if layout.sinks:
+                scores[: layout.sinks] = k[: layout.sinks] @ sink_query[0, h, r].double()
+            weights = torch.softmax(scores * scaling, dim=0)
+            out[0, r, h * DIM : (h + 1) * DIM] = weights @ v
+    return out
+
+
+def _case(committed: int, window: int | None, first_recent: int, seed: int = 0):  # type: ignore[no-untyped-def]
+    torch.manual_seed(seed)
+    sinks = 4 if window else 0
+    stored = sinks + committed - first_recent
+    query = torch.randn(1, HEADS, TREE.size, DIM)
+    keys, values = torch.randn(1, KV, stored + TREE.size, DIM), torch.randn(1, KV, stored + TREE.size, DIM)
+    sink_query = torch.randn_like(query) if window else None
+    return query, sink_query, keys, values, sinks
+
+
+CASES = [(5, None, 0), (300, None, 0), (62, None, 0), (127, None, 0), (300, 100, 4), (700, 100, 500), (190, 64, 120)]
+
+
+@pytest.mark.parametrize(("committed", "window", "first_recent"), CASES)
+def test_row_attention_computes_attention(committed: int, window: int | None, first_recent: int) -> None:
+    query, sink_query, keys, values, sinks = _case(committed, window, first_recent)
+    layout = ra.RowLayout.build(committed + TREE.depths, committed, TREE.mask, window=window, sinks=sinks,
+                                first_recent=first_recent or sinks, block=64)  # fmt: skip
+    got = ra.row_attention(query, keys, values, layout, scaling=0.2, sink_query=sink_query)
+    torch.testing.assert_close(got.double(), _reference(query, sink_query, keys, values, layout, 0.2),
+                               atol=2e-6, rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize(("committed", "window", "first_recent"), CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(
+    committed: int, window: int | None, first_recent: int, threads: int
+) -> None:
+    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=committed)
+    first_recent = first_recent or sinks
+    positions = committed + TREE.depths
+    common = {"window": window, "sinks": sinks, "first_recent": first_recent, "block": 64}
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        layout = ra.RowLayout.build(positions, committed, TREE.mask, **common)
+        tree_out = ra.row_attention(query, keys, values, layout, scaling=0.2, sink_query=sink_query)
+        stored = layout.stored
+        for row in range(TREE.size):
+            path = torch.nonzero(TREE.mask[row]).flatten()  # ancestors and itself, by depth
+            depth = int(TREE.depths[row])
+            order = torch.cat([torch.arange(stored), stored + path])  # the ancestors now held in the cache
+            alone_layout = ra.RowLayout.build(positions[row : row + 1], committed + depth, None, **common)
+            alone = ra.row_attention(
+                query[:, :, row : row + 1], keys[:, :, order], values[:, :, order], alone_layout, scaling=0.2,
+                sink_query=sink_query[:, :, row : row + 1] if sink_query is not None else None,
+            )  # fmt: skip
+            assert torch.equal(alone[:, 0], tree_out[:, row]), row
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_row_attention_reads_strided_caches() -> None:
+    """The engine's caches are views of a preallocated buffer: rows with a stride past their length."""
+    query, _, keys, values, _ = _case(100, None, 0)
+    buffer = torch.randn(1, KV, 400, DIM)
+    buffer[:, :, : keys.shape[2]] = keys
+    values_buffer = torch.randn(1, KV, 400, DIM)
+    values_buffer[:, :, : values.shape[2]] = values
+    layout = ra.RowLayout.build(100 + TREE.depths, 100, TREE.mask)
+    got = ra.row_attention(query, buffer[:, :, : keys.shape[2]], values_buffer[:, :, : keys.shape[2]], layout,
+                           scaling=0.2)  # fmt: skip
+    assert torch.equal(got, ra.row_attention(query, keys, values, layout, scaling=0.2))
+
+
+@pytest.mark.parametrize("family", ["llama-mha", "qwen2"])  # head size 16: the kernel's
+def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from conftest import tiny_model
+    from helpers import first_divergence, random_heads, random_prompt
+
+    from tokenswift_cli import target as target_module
+    from tokenswift_cli.config import ContextWindow, RunConfig, SamplingConfig
+    from tokenswift_cli.decode import generate_tokens
+    from tokenswift_cli.int4 import quantize_decoder
+    from tokenswift_cli.target import Target
+
+    calls: list[int] = []
+
+    def counted(query, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(query.shape[2])
+        return ra.row_attention(query, *args, **kwargs)
+
+    monkeypatch.setattr(target_module, "row_attention", counted)
+    model = tiny_model(family)
+    quantize_decoder(model)  # 4-bit weights: float32 verification runs exactly, here through the kernel
+    target = Target(model)
+    assert target.row_kernel
+    heads, prompt = random_heads(target), random_prompt(60)
+    sampling = SamplingConfig(temperature=1.0, min_p=0.05, seed=5)
+    cfg = RunConfig(max_new_tokens=200, sampling=sampling, window=ContextWindow(size=64, sinks=4))
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    fast, stats = generate_tokens(target, heads, prompt, cfg)
+    assert first_divergence(fast, plain) is None and stats.iterations < 200
+    assert 1 in calls and max(calls) > 1  # plain steps and trees both ran through it
