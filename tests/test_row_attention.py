@@ -11,13 +11,13 @@ from tokenswift_cli.tree import build_tree
 
 pytestmark = pytest.mark.skipif(not ra.available(), reason="no C++ compiler for the kernel")
 TREE = build_tree(0, [(1, 2, 3), (4, 5), (6, 7)])  # 1 + 3 + 6 + 12 nodes, depth 3
-HEADS, KV, DIM = 6, 2, 32
+HEADS, KV = 6, 2
 
 
 def _reference(query, sink_query, keys, values, layout: ra.RowLayout, scaling: float):  # type: ignore[no-untyped-def]
     """Softmax attention in float64, each row over the cache rows the layout says it sees."""
-    q_len, group = query.shape[2], HEADS // KV
-    out = torch.zeros(1, q_len, HEADS * DIM, dtype=torch.float64)
+    q_len, group, dim = query.shape[2], HEADS // KV, query.shape[3]
+    out = torch.zeros(1, q_len, HEADS * dim, dtype=torch.float64)
     for r in range(q_len):
         nodes = [int(n) for n in layout.ancestors[r] if n >= 0]
         held = list(range(int(layout.lowest[r]), layout.stored))
@@ -29,16 +29,18 @@ def _reference(query, sink_query, keys, values, layout: ra.RowLayout, scaling: f
             if layout.sinks:
                 scores[: layout.sinks] = k[: layout.sinks] @ sink_query[0, h, r].double()
             weights = torch.softmax(scores * scaling, dim=0)
-            out[0, r, h * DIM : (h + 1) * DIM] = weights @ v
+            out[0, r, h * dim : (h + 1) * dim] = weights @ v
     return out
 
 
-def _case(committed: int, window: int | None, first_recent: int, seed: int = 0):  # type: ignore[no-untyped-def]
+def _case(committed: int, window: int | None, first_recent: int, seed: int = 0, dim: int = 64):  # type: ignore[no-untyped-def]
+    """Random rotated queries, sink queries and caches; head size 64 takes the kernel's compiled-in
+    path for 4 vectors per row, other sizes its general one."""
     torch.manual_seed(seed)
     sinks = 4 if window else 0
     stored = sinks + committed - first_recent
-    query = torch.randn(1, HEADS, TREE.size, DIM)
-    keys, values = torch.randn(1, KV, stored + TREE.size, DIM), torch.randn(1, KV, stored + TREE.size, DIM)
+    query = torch.randn(1, HEADS, TREE.size, dim)
+    keys, values = torch.randn(1, KV, stored + TREE.size, dim), torch.randn(1, KV, stored + TREE.size, dim)
     sink_query = torch.randn_like(query) if window else None
     return query, sink_query, keys, values, sinks
 
@@ -47,8 +49,9 @@ CASES = [(5, None, 0), (300, None, 0), (62, None, 0), (127, None, 0), (300, 100,
 
 
 @pytest.mark.parametrize(("committed", "window", "first_recent"), CASES)
-def test_row_attention_computes_attention(committed: int, window: int | None, first_recent: int) -> None:
-    query, sink_query, keys, values, sinks = _case(committed, window, first_recent)
+@pytest.mark.parametrize("dim", [64, 32, 128])
+def test_row_attention_computes_attention(committed: int, window: int | None, first_recent: int, dim: int) -> None:
+    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, dim=dim)
     layout = ra.RowLayout.build(committed + TREE.depths, committed, TREE.mask, window=window, sinks=sinks,
                                 first_recent=first_recent or sinks, block=64)  # fmt: skip
     got = ra.row_attention(query, keys, values, layout, scaling=0.2, sink_query=sink_query)
@@ -57,11 +60,11 @@ def test_row_attention_computes_attention(committed: int, window: int | None, fi
 
 
 @pytest.mark.parametrize(("committed", "window", "first_recent"), CASES)
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("threads", "dim"), [(1, 64), (2, 64), (1, 32)])
 def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(
-    committed: int, window: int | None, first_recent: int, threads: int
+    committed: int, window: int | None, first_recent: int, threads: int, dim: int
 ) -> None:
-    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=committed)
+    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=committed, dim=dim)
     first_recent = first_recent or sinks
     positions = committed + TREE.depths
     common = {"window": window, "sinks": sinks, "first_recent": first_recent, "block": 64}
@@ -88,9 +91,9 @@ def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(
 def test_row_attention_reads_strided_caches() -> None:
     """The engine's caches are views of a preallocated buffer: rows with a stride past their length."""
     query, _, keys, values, _ = _case(100, None, 0)
-    buffer = torch.randn(1, KV, 400, DIM)
+    buffer = torch.randn(1, KV, 400, 64)
     buffer[:, :, : keys.shape[2]] = keys
-    values_buffer = torch.randn(1, KV, 400, DIM)
+    values_buffer = torch.randn(1, KV, 400, 64)
     values_buffer[:, :, : values.shape[2]] = values
     layout = ra.RowLayout.build(100 + TREE.depths, 100, TREE.mask)
     got = ra.row_attention(query, buffer[:, :, : keys.shape[2]], values_buffer[:, :, : keys.shape[2]], layout,

@@ -74,25 +74,68 @@ inline v16 fold16(const v16* a) {
          __builtin_shufflevector(l3[0], l3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-inline v16 partial(const float* q, const v16* k, int64_t chunks) {  // per lane: the sum over the chunks
+// Per lane: query chunk 0 times key chunk 0, then the other chunks fused in, in order.
+template <int64_t C>  // C chunks known when compiled (the usual head sizes), else 0 and `chunks`
+inline v16 partial(const float* q, const v16* k, int64_t chunks) {
+  const int64_t n = C > 0 ? C : chunks;
   v16 a = load(q) * k[0];
-  for (int64_t c = 1; c < chunks; ++c) a = fma(load(q + c * kLanes), k[c], a);
+  for (int64_t c = 1; c < n; ++c) a = fma(load(q + c * kLanes), k[c], a);
   return a;
+}
+
+template <int64_t C>
+void key_dots_of(const float* key, const float* const* queries, int64_t count, int64_t chunks, float scale,
+                 float* out, int64_t stride) {
+  v16 k[C > 0 ? C : kMaxChunks], parts[kLanes];
+  const int64_t n = C > 0 ? C : chunks;
+  for (int64_t c = 0; c < n; ++c) k[c] = load(key + c * kLanes);
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) parts[l] = partial<C>(queries[i + l], k, chunks);
+    const v16 dots = fold16(parts) * scale;
+    for (int64_t l = 0; l < kLanes; ++l) out[(i + l) * stride] = dots[l];
+  }
+  for (; i < count; ++i) out[i * stride] = fold(partial<C>(queries[i], k, chunks)) * scale;
 }
 
 // out[i * stride] = scale * (query i . key) for `count` queries: 16 at a time, then one by one.
 __attribute__((noinline)) void key_dots(const float* key, const float* const* queries, int64_t count, int64_t dim,
                                         float scale, float* out, int64_t stride) {
-  v16 k[kMaxChunks], parts[kLanes];
   const int64_t chunks = dim / kLanes;
-  for (int64_t c = 0; c < chunks; ++c) k[c] = load(key + c * kLanes);
-  int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) parts[l] = partial(queries[i + l], k, chunks);
-    const v16 dots = fold16(parts) * scale;
-    for (int64_t l = 0; l < kLanes; ++l) out[(i + l) * stride] = dots[l];
+  if (chunks == 4) return key_dots_of<4>(key, queries, count, chunks, scale, out, stride);
+  if (chunks == 8) return key_dots_of<8>(key, queries, count, chunks, scale, out, stride);
+  key_dots_of<0>(key, queries, count, chunks, scale, out, stride);
+}
+
+using Held = std::vector<std::pair<int64_t, const float*>>;  // (index in the block, value row)
+
+// out[g] += sum over `held` of w[g][j] * v, for kGroup lanes, in position order.
+template <int64_t C>
+void value_sums(const Held& held, const float* const* w, int64_t chunks, float* const* out) {
+  if constexpr (C > 0) {  // the whole row in registers: 4 x C accumulators
+    v16 a[kGroup][C] = {};
+    for (const auto& [j, v] : held) {
+      v16 x[C];
+      for (int64_t c = 0; c < C; ++c) x[c] = load(v + c * kLanes);
+      for (int64_t g = 0; g < kGroup; ++g) {
+        const v16 b = w[g][j] + v16{};
+        for (int64_t c = 0; c < C; ++c) a[g][c] = fma(b, x[c], a[g][c]);
+      }
+    }
+    for (int64_t g = 0; g < kGroup; ++g)
+      if (out[g] != nullptr)
+        for (int64_t c = 0; c < C; ++c) store(out[g] + c * kLanes, a[g][c]);
+  } else {
+    for (int64_t c = 0; c < chunks; ++c) {  // one chunk at a time: the same sums, in the same order
+      v16 a[kGroup] = {};
+      for (const auto& [j, v] : held) {
+        const v16 x = load(v + c * kLanes);
+        for (int64_t g = 0; g < kGroup; ++g) a[g] = fma(w[g][j] + v16{}, x, a[g]);
+      }
+      for (int64_t g = 0; g < kGroup; ++g)
+        if (out[g] != nullptr) store(out[g] + c * kLanes, a[g]);
+    }
   }
-  for (; i < count; ++i) out[i * stride] = fold(partial(queries[i], k, chunks)) * scale;
 }
 
 // exp(x) for x <= 0 (scores minus their max), 0 for -inf: range reduction and a degree-6 polynomial,
@@ -215,7 +258,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
   std::vector<float> block_sum(at.kv * nb * width, 0.f), block_acc(at.kv * nb * width * dim, 0.f);
   at::parallel_for(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> weights(width * block), zeros(block, 0.f);
-    std::vector<std::pair<int64_t, const float*>> held;
+    Held held;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       const float* s = scores.data() + item * width * block;
@@ -235,21 +278,16 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
       }
       for (int64_t lane0 = 0; lane0 < width; lane0 += kGroup) {  // kGroup lanes at a time, in registers
         const float* w[kGroup];
-        for (int64_t g = 0; g < kGroup; ++g)
-          w[g] = lane0 + g < width ? weights.data() + (lane0 + g) * block : zeros.data();
-        for (int64_t c = 0; c < chunks; ++c) {
-          v16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-          for (const auto& [j, v] : held) {
-            const v16 x = load(v + c * kLanes);
-            a0 = fma(w[0][j] + v16{}, x, a0);
-            a1 = fma(w[1][j] + v16{}, x, a1);
-            a2 = fma(w[2][j] + v16{}, x, a2);
-            a3 = fma(w[3][j] + v16{}, x, a3);
-          }
-          const v16 parts[kGroup] = {a0, a1, a2, a3};
-          for (int64_t g = 0; g < kGroup && lane0 + g < width; ++g)
-            store(acc + (lane0 + g) * dim + c * kLanes, parts[g]);
+        float* out[kGroup];
+        for (int64_t g = 0; g < kGroup; ++g) {
+          const bool real = lane0 + g < width;
+          w[g] = real ? weights.data() + (lane0 + g) * block : zeros.data();
+          out[g] = real ? acc + (lane0 + g) * dim : nullptr;
         }
+        if (chunks == 4)
+          value_sums<4>(held, w, chunks, out);
+        else
+          value_sums<0>(held, w, chunks, out);
       }
       for (int64_t lane = 0; lane < width; ++lane) {  // then each row's ancestors, after every held position
         const int64_t r = lane / group;
