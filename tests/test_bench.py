@@ -85,7 +85,10 @@ class _FakeLlama:
     made: list[dict[str, object]] = []
 
     def __init__(self, **options: object) -> None:
-        _FakeLlama.made.append(options)
+        import sys
+
+        params = sys.modules["llama_cpp.llama_cpp"].llama_model_default_params()  # as Llama() reads them
+        _FakeLlama.made.append({**options, "use_extra_bufts": params.use_extra_bufts})
         self.seed = -1
 
     def set_seed(self, seed: int) -> None:
@@ -110,7 +113,11 @@ def test_bench_times_llama_cpp_beside_the_engine(tmp_path, monkeypatch) -> None:
     fake = types.ModuleType("llama_cpp")
     fake.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)
     fake.Llama = _FakeLlama  # type: ignore[attr-defined]
+    api = types.ModuleType("llama_cpp.llama_cpp")
+    api.llama_model_default_params = lambda: types.SimpleNamespace(use_extra_bufts=True)  # type: ignore[attr-defined]
+    fake.llama_cpp = api  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_cpp", api)
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     monkeypatch.setattr(bench_models, "gguf_file", lambda model: gguf)
@@ -120,6 +127,8 @@ def test_bench_times_llama_cpp_beside_the_engine(tmp_path, monkeypatch) -> None:
     llama = bench_models._llama(dataclasses.replace(request, quick=False), settings)
     assert _FakeLlama.made[-1]["model_path"] == str(gguf) and _FakeLlama.made[-1]["last_n_tokens_size"] == 1024
     assert _FakeLlama.made[-1]["n_ctx"] == 48 + 16 + 8  # the longest case
+    assert _FakeLlama.made[-1]["use_extra_bufts"] is False  # its AMX kernels crash where AMX is not granted
+    assert api.llama_model_default_params().use_extra_bufts is True  # restored
     target, heads, _, _ = bench_models.open_model(request)
     results = Bench(target, heads, settings, llama).run(list(range(2, 50)))
     by_method = {(r.case.context, r.method): r for r in results}

@@ -57,13 +57,28 @@ class LlamaCpp:
     def __init__(self, gguf: Path, *, context: int, threads: int, sampling: SamplingConfig) -> None:
         if not available():
             raise ValueError(f"the llama_cpp method needs llama-cpp-python: {INSTALL_HINT}")
+        import llama_cpp.llama_cpp as api
         from llama_cpp import Llama
 
         self.sampling = sampling
-        self.llama: Any = Llama(
-            model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads, n_batch=512,
-            seed=sampling.seed, last_n_tokens_size=sampling.penalty_window or 64, verbose=False,
-        )  # fmt: skip
+        # llama.cpp's "extra buffer types" route Q4_1 products to its AMX kernels, which crashed here
+        # (a general protection fault in ggml_backend_amx_mul_mat: the OS does not grant AMX tiles);
+        # its plain CPU kernels run everywhere. Llama() reads the defaults when it loads the model.
+        defaults = api.llama_model_default_params
+
+        def without_extra_buffers() -> Any:
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        api.llama_model_default_params = without_extra_buffers
+        try:
+            self.llama: Any = Llama(
+                model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                seed=sampling.seed, last_n_tokens_size=sampling.penalty_window or 64, verbose=False,
+            )  # fmt: skip
+        finally:
+            api.llama_model_default_params = defaults
 
     def continue_text(self, prompt: Sequence[int], new_tokens: int) -> Timed:
         """Sample `new_tokens` after `prompt` (the end-of-text token does not stop it)."""
