@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import json
 
 import pytest
@@ -156,3 +157,16 @@ def test_auto_methods_add_llama_cpp_only_for_gguf_models(monkeypatch) -> None:  
     assert BenchRequest(quick=True).chosen_methods()[-1] == "prompt_lookup"
     monkeypatch.setattr(bench_models, "llama_available", lambda: False)
     assert BenchRequest().chosen_methods()[-1] == "prompt_lookup"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+def test_llama_cpp_continues_the_default_model() -> None:
+    from tokenswift_cli.bench_llamacpp import LlamaCpp, gguf_file
+    from tokenswift_cli.config import SamplingConfig
+
+    llama = LlamaCpp(gguf_file("default"), context=256, threads=1, sampling=SamplingConfig(temperature=1.0, min_p=0.1))
+    prompt = [6403, 1980, 253, 655, 28, 281, 253, 33059, 411, 260, 3426, 28]  # "Once upon a time, in a lighthouse..."
+    timed = llama.continue_text(prompt, 12)
+    assert len(timed.tokens) == 12 and timed.timed_tokens == 11 and timed.seconds > 0
+    assert llama.continue_text(prompt, 12).tokens == timed.tokens  # seeded: the same text again
