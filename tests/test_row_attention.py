@@ -130,3 +130,49 @@ def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) ->
     fast, stats = generate_tokens(target, heads, prompt, cfg)
     assert first_divergence(fast, plain) is None and stats.iterations < 200
     assert 1 in calls and max(calls) > 1  # plain steps and trees both ran through it
+
+
+def q8_weight(rows: int, columns: int, seed: int = 0, scale: float = 0.01) -> torch.Tensor:
+    """A float32 matrix that is exactly a Q8_0 tensor: int8 values times a float16 scale per 32."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randint(-127, 128, (rows, columns // 32, 32), generator=generator).float()
+    values[..., 0] = 127  # the largest magnitude of each group, as Q8_0 quantisation leaves it
+    scales = (torch.rand(rows, columns // 32, 1, generator=generator) * scale + 1e-4).half().float()
+    return (values * scales).reshape(rows, columns)
+
+
+def test_q8_head_recovers_q8_0_and_gives_each_row_its_own_logits() -> None:
+    from tokenswift_cli.q8_head import Q8Head
+
+    weight = q8_weight(300, 64)
+    head = Q8Head.from_weight(weight)
+    assert head is not None and head.values.dtype == torch.int8
+    assert Q8Head.from_weight(torch.randn(300, 64)) is None  # not a Q8_0 tensor: the float32 head stays
+    hidden = torch.randn(7, 64)
+    logits = head.logits(hidden)
+    torch.testing.assert_close(logits, hidden @ weight.T, atol=1e-4, rtol=1e-4)
+    for row in range(7):  # batch-invariant: alone, a row gets the same bits
+        assert torch.equal(head.logits(hidden[row : row + 1])[0], logits[row])
+
+
+def test_tokenswift_equals_plain_with_a_q8_head() -> None:
+    from conftest import tiny_model
+    from helpers import first_divergence, random_heads, random_prompt
+
+    from tokenswift_cli.config import RunConfig, SamplingConfig
+    from tokenswift_cli.decode import generate_tokens
+    from tokenswift_cli.int4 import quantize_decoder
+    from tokenswift_cli.target import Target
+
+    model = tiny_model("qwen2")
+    with torch.no_grad():
+        head = model.get_output_embeddings()
+        head.weight.copy_(q8_weight(*head.weight.shape, seed=1, scale=0.4))
+    quantize_decoder(model)
+    target = Target(model)
+    assert target.q8_head is not None
+    heads, prompt = random_heads(target), random_prompt(60)
+    cfg = RunConfig(max_new_tokens=120, sampling=SamplingConfig(temperature=1.0, min_p=0.05, seed=2))
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    fast, stats = generate_tokens(target, heads, prompt, cfg)
+    assert first_divergence(fast, plain) is None and stats.iterations < 120

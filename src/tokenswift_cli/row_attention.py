@@ -7,30 +7,19 @@ is batch-invariant by construction, as verification needs (see exact_attention.p
 each key and value once per forward, for every row and query head of its group: at long context a
 plain step is bound by reading the cache, which is what this kernel does at memory speed.
 
-The kernel (csrc/row_attention.cpp) is compiled on first use with the machine's C++ compiler (about
-a minute, cached under the cache folder); without one, `available()` is False and the callers keep
-the torch implementation (exact_float32.py).
+The kernel (csrc/row_attention.cpp) is compiled on first use (kernels.py); without a compiler,
+`available()` is False and the callers keep the torch implementation (exact_float32.py).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import logging
-import os
-import shutil
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 
 import torch
 
-from .paths import cache_dir
+from . import kernels
 
 BLOCK = 256
-SOURCE = Path(__file__).with_name("csrc") / "row_attention.cpp"
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,7 +84,7 @@ def row_attention(
     q_len, heads, dim = query.shape[2], query.shape[1], query.shape[3]
     rows = query[0].transpose(0, 1).contiguous()  # [q, heads, d]
     sink_rows = sink_query[0].transpose(0, 1).contiguous() if layout.sinks and sink_query is not None else rows
-    out = _kernel().row_attention(
+    out = kernels.load().row_attention(
         rows, sink_rows, keys[0], values[0], layout.lowest, layout.ancestors, layout.sinks, layout.stored,
         layout.offset, layout.committed, float(scaling), layout.block,
     )  # fmt: skip
@@ -109,34 +98,4 @@ def supports(head_dim: int) -> bool:
 
 def available() -> bool:
     """Whether the kernel is compiled (or compiles now); False, with a warning logged once, if it cannot."""
-    try:
-        _kernel()
-    except Exception as error:  # a missing compiler, headers or ninja: keep the torch implementation
-        _warn_once(str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__)
-        return False
-    return True
-
-
-@functools.cache
-def _warn_once(reason: str) -> None:
-    log.warning("the row-attention kernel did not compile (%s); using the slower torch attention", reason)
-
-
-@functools.cache
-def _kernel() -> ModuleType:
-    from torch.utils import cpp_extension
-
-    if os.environ.get("TOKENSWIFT_NO_KERNEL"):
-        raise RuntimeError("TOKENSWIFT_NO_KERNEL is set")
-    scripts = str(Path(sys.executable).parent)  # the `ninja` package's binary, when the venv is not on PATH
-    if shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
-        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
-    flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]  # see the .cpp
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + torch.__version__.encode())
-    name = f"tokenswift_row_attention_{digest.hexdigest()[:12]}"
-    build = cache_dir() / "kernels" / name
-    build.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-        build_directory=str(build), verbose=False,
-    )  # fmt: skip
+    return kernels.available()

@@ -27,6 +27,7 @@ from .config import ContextWindow
 from .exact_attention import exact_attention, exact_rows
 from .exact_float32 import Float32Layout, exact_attention_float32
 from .int4 import Int4Linear
+from .q8_head import Q8Head
 from .row_attention import RowLayout, row_attention
 
 ATTENTION_NAME = "tokenswift"
@@ -123,6 +124,8 @@ class Target:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # Exact float32 attention by the C++ kernel where it applies (compiled on first use), else torch.
         self.row_kernel = self.device.type == "cpu" and row_kernel.supports(head_dim)
+        # With 4-bit weights (the engine's own model), a Q8_0 head (the embedded GGUF's) reads int8.
+        self.q8_head = Q8Head.from_weight(self.lm_head.weight) if self.rounds_inputs else None
         self._pre_norm: torch.Tensor | None = None
         self.decoder.norm.register_forward_pre_hook(self._keep_pre_norm)
 
@@ -245,6 +248,8 @@ class Target:
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits `[..., vocab]` in float32 from post-norm hidden states `[..., hidden]`."""
+        if self.q8_head is not None and row_kernel.kernels.available():
+            return self.q8_head.logits(hidden)
         return self.lm_head(hidden.to(self.lm_head.weight.device)).float()
 
 

@@ -9,11 +9,10 @@
 //   not see have w = 0, which adds nothing; across blocks the sums are float64, in block order;
 // * products are summed by `fma` (one rounding) or as written: compiled with -ffp-contract=off, the
 //   compiler fuses nothing on its own, so the same sum is the same roundings wherever it is written.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-#include <torch/extension.h>
+
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,39 +23,16 @@
 
 namespace {
 
-constexpr int64_t kLanes = 16;  // floats per vector
-typedef float v16 __attribute__((vector_size(kLanes * sizeof(float))));
+using simd::fma;
+using simd::fold;
+using simd::kLanes;
+using simd::load;
+using simd::store;
+using simd::v16;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-inline v16 load(const float* p) {
-  v16 x;
-  std::memcpy(&x, p, sizeof(x));
-  return x;
-}
-inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
-
 constexpr int64_t kMaxChunks = 16;  // head dims up to 256
 constexpr int64_t kGroup = 4;  // lanes whose value sums stay in registers together (a0..a3 below)
-
-// a * b + c, rounded once, on every machine (one instruction where the CPU has it).
-inline v16 fma(v16 a, v16 b, v16 c) {
-#if defined(__AVX512F__)
-  return reinterpret_cast<v16>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
-                                                reinterpret_cast<__m512>(c)));
-#else
-  v16 out;
-  for (int64_t l = 0; l < kLanes; ++l) out[l] = std::fma(a[l], b[l], c[l]);
-  return out;
-#endif
-}
-
-// The sum of a vector's 16 lanes, always by one tree: lanes l + (l + 8), then + 4, + 2, + 1.
-inline float fold(v16 a) {
-  a = a + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  a = a + __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  a = a + __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  return (a + __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14))[0];
-}
 
 // The same tree for 16 vectors at once: lane i of the result is fold(a[i]), bit for bit.
 inline v16 fold16(const v16* a) {
@@ -325,4 +301,3 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
   return result;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("row_attention", &row_attention); }

@@ -1,0 +1,61 @@
+// Logits of an output head stored as a Q8_0 tensor: int8 values and one scale per group of 32
+// (see q8_head.py). Each logit is a function of its own hidden row and weight row alone, in one
+// order: per group, the 32 products summed as two vectors (fused), scaled into a vector
+// accumulator (fused); the 16 lanes folded by simd::fold. So rows are batch-invariant, and the
+// head reads a quarter of float32's bytes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "simd.h"
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+using simd::fma;
+using simd::kLanes;
+using simd::load;
+using simd::v16;
+typedef int8_t c16 __attribute__((vector_size(kLanes)));
+
+inline v16 widen(const int8_t* p) {  // 16 int8 values as floats (exact either way)
+#if defined(__AVX512F__)
+  const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  return reinterpret_cast<const v16&>(x);
+#else
+  c16 x;
+  std::memcpy(&x, p, sizeof(x));
+  return __builtin_convertvector(x, v16);
+#endif
+}
+
+}  // namespace
+
+// hidden: [R, H] float32; values: [V, H] int8; scales: [V, H / 32] float32 -> [R, V] float32.
+at::Tensor q8_logits(const at::Tensor& hidden, const at::Tensor& values, const at::Tensor& scales) {
+  TORCH_CHECK(hidden.dtype() == at::kFloat && values.dtype() == at::kChar && scales.dtype() == at::kFloat);
+  TORCH_CHECK(hidden.is_contiguous() && values.is_contiguous() && scales.is_contiguous());
+  const int64_t rows = hidden.size(0), size = hidden.size(1), vocab = values.size(0), groups = size / 32;
+  TORCH_CHECK(values.size(1) == size && size % 32 == 0 && scales.size(0) == vocab && scales.size(1) == groups);
+  at::Tensor out = at::empty({rows, vocab}, hidden.options());
+  const float* x = hidden.data_ptr<float>();
+  const int8_t* q = values.data_ptr<int8_t>();
+  const float* d = scales.data_ptr<float>();
+  float* logits = out.data_ptr<float>();
+  at::parallel_for(0, vocab, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t v = begin; v < end; ++v) {
+      const int8_t* row = q + v * size;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* h = x + r * size;
+        v16 acc = {};
+        for (int64_t g = 0; g < groups; ++g) {
+          const v16 part = fma(widen(row + g * 32 + kLanes), load(h + g * 32 + kLanes), widen(row + g * 32) * load(h + g * 32));
+          acc = fma(d[v * groups + g] + v16{}, part, acc);
+        }
+        logits[r * vocab + v] = simd::fold(acc);
+      }
+    }
+  });
+  return out;
+}

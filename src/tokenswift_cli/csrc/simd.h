@@ -1,0 +1,44 @@
+// Vectors of 16 floats for the kernels, with a fixed order for every sum (GCC/Clang vector extensions:
+// one AVX-512 register here, two AVX2 registers or four NEON registers elsewhere).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace simd {
+
+constexpr int64_t kLanes = 16;  // floats per vector
+typedef float v16 __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline v16 load(const float* p) {
+  v16 x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+}
+inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
+
+// a * b + c, rounded once, on every machine (one instruction where the CPU has it).
+inline v16 fma(v16 a, v16 b, v16 c) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<v16>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                reinterpret_cast<__m512>(c)));
+#else
+  v16 out;
+  for (int64_t l = 0; l < kLanes; ++l) out[l] = std::fma(a[l], b[l], c[l]);
+  return out;
+#endif
+}
+
+// The sum of a vector's 16 lanes, always by one tree: lanes l + (l + 8), then + 4, + 2, + 1.
+inline float fold(v16 a) {
+  a = a + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  a = a + __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  a = a + __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  return (a + __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14))[0];
+}
+
+}  // namespace simd
