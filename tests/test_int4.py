@@ -102,3 +102,31 @@ def test_auto_weights_are_int4_only_for_q4_models(tmp_path: Path) -> None:
             if isinstance(module, torch.nn.Linear):
                 module.weight.copy_(q4_linear(module.out_features, module.in_features).weight)
     assert is_q4(model)
+
+
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa"])  # GQA: k/v of 16 outputs stay apart
+def test_fused_projections_give_the_bits_of_the_separate_ones(family: str) -> None:
+    from tokenswift_cli.state import prefill
+
+    model = tiny_model(family)
+    quantize_decoder(model)
+    block = model.model.layers[0]
+    assert hasattr(block.self_attn, "qkv_int4") == (family == "llama-mha") and hasattr(block.mlp, "gate_up_int4")
+    fused, mlp = block.mlp.gate_up_int4, block.mlp
+    assert fused.splits == (mlp.gate_proj.out_features, mlp.up_proj.out_features)
+    assert mlp.gate_proj.packed.data_ptr() == fused.packed.data_ptr()  # a view: stored once
+    x = torch.randn(1, 5, model.config.hidden_size)
+    together = fused(x).split(fused.splits, dim=-1)
+    assert torch.equal(together[0], mlp.gate_proj(x)) and torch.equal(together[1], mlp.up_proj(x))
+    target, prompt = Target(model), torch.tensor(random_prompt(40))
+
+    def logits() -> torch.Tensor:
+        state = prefill(target, [1, 2], RunConfig(max_new_tokens=8))
+        return target.logits(target.forward(prompt, state.full).hidden)
+
+    fused_logits = logits()
+    for layer in model.model.layers:  # the lean forward without the fused modules: the same logits
+        for module, name in ((layer.self_attn, "qkv_int4"), (layer.mlp, "gate_up_int4")):
+            if hasattr(module, name):
+                delattr(module, name)
+    assert torch.equal(fused_logits, logits())

@@ -232,9 +232,12 @@ class Target:
         rows = exact_rows if plan.exact else _whole
         hidden = layer.input_layernorm(x)  # [1, q, hidden]
         shape = (1, x.shape[1], -1, attn.head_dim)
-        query = rows(attn.q_proj, hidden).view(shape).transpose(1, 2)  # [1, heads, q, d]
-        key = rows(attn.k_proj, hidden).view(shape).transpose(1, 2)  # [1, kv_heads, q, d]
-        value = rows(attn.v_proj, hidden).view(shape).transpose(1, 2)
+        fused = getattr(attn, "qkv_int4", None)  # 4-bit q/k/v in one product (int4.py)
+        if fused is not None:
+            projected = rows(fused, hidden).split(fused.splits, dim=-1)
+        else:
+            projected = (rows(attn.q_proj, hidden), rows(attn.k_proj, hidden), rows(attn.v_proj, hidden))
+        query, key, value = (part.reshape(shape).transpose(1, 2) for part in projected)  # [1, heads, q, d]
         raw_query = query
         query, key = apply_rotary_pos_emb(query, key, *rotary)
         if capture is not None:
@@ -243,7 +246,12 @@ class Target:
         keys, values = cache.update(key, value)  # [1, kv_heads, stored + q, d]
         out = plan.attend(raw_query, query, keys, values, stored=stored, scaling=attn.scaling)
         x = x + rows(attn.o_proj, out)
-        return x + rows(layer.mlp, layer.post_attention_layernorm(x))
+        mlp, hidden = layer.mlp, layer.post_attention_layernorm(x)
+        fused = getattr(mlp, "gate_up_int4", None)
+        if fused is None:
+            return x + rows(mlp, hidden)
+        gate, up = rows(fused, hidden).split(fused.splits, dim=-1)  # the family's MLP, gate and up in one
+        return x + rows(mlp.down_proj, mlp.act_fn(gate) * up)
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
