@@ -4,7 +4,8 @@
 // order of absolute position, and blocks of `block` absolute positions. So a token verified in a
 // tree gets the bits it gets decoded alone, whatever the other rows, the thread count or where the
 // cache keeps a position. The rules that make it so:
-// * every score comes from `key_dots` and every weight from `exp_block` (one code path each);
+// * every score is fold(partial(query, key)) * scale (`key_dots`, or `query_dots` for 16 keys at once,
+//   the same roundings), and every weight comes from `exp_block`;
 // * within a block, a row adds `w` and `w * v` in position order, in float32; positions it does
 //   not see have w = 0, which adds nothing; across blocks the sums are float64, in block order;
 // * products are summed by `fma` (one rounding) or as written: compiled with -ffp-contract=off, the
@@ -83,35 +84,69 @@ __attribute__((noinline)) void key_dots(const float* key, const float* const* qu
   key_dots_of<0>(key, queries, count, chunks, scale, out, stride);
 }
 
+// out[l * stride] = scale * (query . key l) for 16 keys at once: the same `partial` and `fold` per score
+// as `key_dots` (fold16's lane l is fold of its l-th vector, and a product's operands commute), so a
+// score has the same bits on either path. For few queries (a plain step's), it folds 16 scores at once.
+template <int64_t C>
+void query_dots_of(const float* query, const float* const* keys, int64_t chunks, float scale, float* out) {
+  const int64_t n = C > 0 ? C : chunks;
+  v16 q[C > 0 ? C : kMaxChunks], parts[kLanes];
+  for (int64_t c = 0; c < n; ++c) q[c] = load(query + c * kLanes);
+  for (int64_t l = 0; l < kLanes; ++l) parts[l] = partial<C>(keys[l], q, chunks);
+  store(out, fold16(parts) * scale);
+}
+
+__attribute__((noinline)) void query_dots(const float* query, const float* const* keys, int64_t dim, float scale,
+                                          float* out) {
+  const int64_t chunks = dim / kLanes;
+  if (chunks == 4) return query_dots_of<4>(query, keys, chunks, scale, out);
+  if (chunks == 8) return query_dots_of<8>(query, keys, chunks, scale, out);
+  query_dots_of<0>(query, keys, chunks, scale, out);
+}
+
 using Held = std::vector<std::pair<int64_t, const float*>>;  // (index in the block, value row)
 
-// out[g] += sum over `held` of w[g][j] * v, for kGroup lanes, in position order.
-template <int64_t C>
-void value_sums(const Held& held, const float* const* w, int64_t chunks, float* const* out) {
-  if constexpr (C > 0) {  // the whole row in registers: 4 x C accumulators
-    v16 a[kGroup][C] = {};
+// For G lanes (G <= kGroup): out[g] = sum over `held` of w[g][j] * v and total[g] = sum of w[g][j], in
+// position order. The weight sums ride along with the products, whose arithmetic hides their latency.
+template <int64_t C, int64_t G>
+void value_sums(const Held& held, const float* const* w, int64_t chunks, float* const* out, float* total) {
+  float t[G] = {};
+  if constexpr (C > 0) {  // the whole row in registers: G x C accumulators
+    v16 a[G][C] = {};
     for (const auto& [j, v] : held) {
       v16 x[C];
       for (int64_t c = 0; c < C; ++c) x[c] = load(v + c * kLanes);
-      for (int64_t g = 0; g < kGroup; ++g) {
+      for (int64_t g = 0; g < G; ++g) {
+        t[g] = t[g] + w[g][j];
         const v16 b = w[g][j] + v16{};
         for (int64_t c = 0; c < C; ++c) a[g][c] = fma(b, x[c], a[g][c]);
       }
     }
-    for (int64_t g = 0; g < kGroup; ++g)
-      if (out[g] != nullptr)
-        for (int64_t c = 0; c < C; ++c) store(out[g] + c * kLanes, a[g][c]);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < C; ++c) store(out[g] + c * kLanes, a[g][c]);
   } else {
     for (int64_t c = 0; c < chunks; ++c) {  // one chunk at a time: the same sums, in the same order
-      v16 a[kGroup] = {};
+      v16 a[G] = {};
       for (const auto& [j, v] : held) {
         const v16 x = load(v + c * kLanes);
-        for (int64_t g = 0; g < kGroup; ++g) a[g] = fma(w[g][j] + v16{}, x, a[g]);
+        for (int64_t g = 0; g < G; ++g) {
+          if (c == 0) t[g] = t[g] + w[g][j];
+          a[g] = fma(w[g][j] + v16{}, x, a[g]);
+        }
       }
-      for (int64_t g = 0; g < kGroup; ++g)
-        if (out[g] != nullptr) store(out[g] + c * kLanes, a[g]);
+      for (int64_t g = 0; g < G; ++g) store(out[g] + c * kLanes, a[g]);
     }
   }
+  for (int64_t g = 0; g < G; ++g) total[g] = t[g];
+}
+
+template <int64_t C>
+void value_sums_of(int64_t lanes, const Held& held, const float* const* w, int64_t chunks, float* const* out,
+                   float* total) {
+  if (lanes == 1) return value_sums<C, 1>(held, w, chunks, out, total);
+  if (lanes == 2) return value_sums<C, 2>(held, w, chunks, out, total);
+  if (lanes == 3) return value_sums<C, 3>(held, w, chunks, out, total);
+  value_sums<C, 4>(held, w, chunks, out, total);
 }
 
 // exp(x) for x <= 0 (scores minus their max), 0 for -inf: range reduction and a degree-6 polynomial,
@@ -204,11 +239,25 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       float* s = scores.data() + item * width * block;
       const float* const* queries = all_queries.data() + head * 2 * width;
-      for (int64_t j = 0; j < block; ++j) {
-        const int64_t pos = first + j, row = at.shared(pos, min_lowest);
-        if (row < 0) continue;
-        key_dots(at.key(head, row), queries + (pos < sinks ? width : 0), width, dim, static_cast<float>(scaling),
-                 s + j, block);
+      const float* keys16[kLanes];
+      for (int64_t j = 0; j < block; j += kLanes) {
+        bool whole = first + j >= sinks;  // 16 held positions past the sinks: 16 scores per query at once
+        for (int64_t l = 0; l < kLanes && whole; ++l) {
+          const int64_t row = at.shared(first + j + l, min_lowest);
+          whole = row >= 0;
+          keys16[l] = whole ? at.key(head, row) : nullptr;
+        }
+        if (whole) {
+          for (int64_t lane = 0; lane < width; ++lane)
+            query_dots(queries[lane], keys16, dim, static_cast<float>(scaling), s + lane * block + j);
+          continue;
+        }
+        for (int64_t l = j; l < j + kLanes; ++l) {
+          const int64_t pos = first + l, row = at.shared(pos, min_lowest);
+          if (row < 0) continue;
+          key_dots(at.key(head, row), queries + (pos < sinks ? width : 0), width, dim, static_cast<float>(scaling),
+                   s + l, block);
+        }
       }
       for (int64_t lane = 0; lane < width; ++lane) {
         const int64_t r = lane / group;
@@ -219,8 +268,13 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
           const int64_t node = at.anc[r * at.depths + t];
           if (node >= 0) s[lane * block + committed + t - first] = node_scores[(head * nodes + node) * width + lane];
         }
-        float* top = block_top.data() + item * width + lane;
-        for (int64_t j = 0; j < block; ++j) *top = std::max(*top, s[lane * block + j]);
+        v16 top = load(s + lane * block);  // the max is exact in any order
+        for (int64_t j = kLanes; j < block; j += kLanes) {
+          const v16 x = load(s + lane * block + j);
+          top = x > top ? x : top;
+        }
+        float* best = block_top.data() + item * width + lane;
+        for (int64_t l = 0; l < kLanes; ++l) *best = std::max(*best, top[l]);
       }
     }
   });
@@ -233,7 +287,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
 
   std::vector<float> block_sum(at.kv * nb * width, 0.f), block_acc(at.kv * nb * width * dim, 0.f);
   at::parallel_for(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> weights(width * block), zeros(block, 0.f);
+    std::vector<float> weights(width * block);
     Held held;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item / nb, first = blocks[item % nb] * block;
@@ -246,24 +300,18 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
       held.clear();  // the positions of the block some row sees, in order
       for (int64_t j = 0; j < block; ++j)
         if (const int64_t row = at.shared(first + j, min_lowest); row >= 0) held.push_back({j, at.value(head, row)});
-      for (int64_t lane = 0; lane < width; ++lane) {
-        const float* w = weights.data() + lane * block;
-        float total = 0.f;
-        for (const auto& [j, v] : held) total = total + w[j];  // a weight of 0 adds nothing
-        sum[lane] = total;
-      }
       for (int64_t lane0 = 0; lane0 < width; lane0 += kGroup) {  // kGroup lanes at a time, in registers
+        const int64_t lanes = std::min(kGroup, width - lane0);
         const float* w[kGroup];
         float* out[kGroup];
-        for (int64_t g = 0; g < kGroup; ++g) {
-          const bool real = lane0 + g < width;
-          w[g] = real ? weights.data() + (lane0 + g) * block : zeros.data();
-          out[g] = real ? acc + (lane0 + g) * dim : nullptr;
+        for (int64_t g = 0; g < lanes; ++g) {
+          w[g] = weights.data() + (lane0 + g) * block;
+          out[g] = acc + (lane0 + g) * dim;
         }
         if (chunks == 4)
-          value_sums<4>(held, w, chunks, out);
+          value_sums_of<4>(lanes, held, w, chunks, out, sum + lane0);
         else
-          value_sums<0>(held, w, chunks, out);
+          value_sums_of<0>(lanes, held, w, chunks, out, sum + lane0);
       }
       for (int64_t lane = 0; lane < width; ++lane) {  // then each row's ancestors, after every held position
         const int64_t r = lane / group;
