@@ -1,11 +1,12 @@
-"""One forward of the embedded 4-bit model with the C++ row-attention kernel and with the torch exact
-attention (`exact_float32.py`), interleaved in one process.
+"""One forward of the embedded 4-bit model three ways, interleaved in one process: every layer in one
+C++ call (`native_decoder.py`, the default), the layers in Python with the C++ row-attention kernel,
+and the layers in Python with the torch exact attention (`exact_float32.py`).
 
     python benchmarks/row_kernel.py --context 8192 --window 4092 --threads 1
 
 Prefills the first --context tokens of a book, then times, alternately, a plain step (the root
-alone, then its logits) and a forward of --nodes chained tokens with `target.row_kernel` on and off;
-prints the median milliseconds and the ratio.
+alone, then its logits) and a forward of --nodes chained tokens each way; prints the median
+milliseconds and the ratios to the first.
 """
 
 from __future__ import annotations
@@ -40,21 +41,23 @@ def main() -> None:
     window = ContextWindow(size=args.window) if args.window else None
     state = prefill(target, tokens, RunConfig(max_new_tokens=64, mode="plain", window=window))
     chain = torch.tensor(tokens[-args.nodes :])
-    times: dict[tuple[bool, int], list[float]] = {}
+    native = target.native
+    ways = {"C++ layers": (native, True), "Python + kernel": (None, True), "Python + torch": (None, False)}
+    times: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.repeats):
-        for kernel in (True, False):
-            target.row_kernel = kernel
+        for way, (decoder, kernel) in ways.items():
+            target.native, target.row_kernel = decoder, kernel
             for rows in (1, args.nodes):
                 start = time.perf_counter()
                 forward = target.forward(chain[:rows], state.full, exact=True)
                 target.logits(forward.hidden[-1:])
-                times.setdefault((kernel, rows), []).append(time.perf_counter() - start)
+                times.setdefault((way, rows), []).append(time.perf_counter() - start)
     print(f"context {args.context}, window {args.window}, {args.threads} thread(s): median ms")
-    print("| rows | kernel | torch exact | ratio |")
-    print("| --- | --- | --- | --- |")
+    print("| rows | " + " | ".join(ways) + " |")
+    print("| --- |" + " --- |" * len(ways))
     for rows in (1, args.nodes):
-        kernel, torch_exact = (1000 * statistics.median(times[(k, rows)]) for k in (True, False))
-        print(f"| {rows} | {kernel:.1f} | {torch_exact:.1f} | {torch_exact / kernel:.2f} |")
+        first, *rest = (1000 * statistics.median(times[(way, rows)]) for way in ways)
+        print(f"| {rows} | {first:.1f} | " + " | ".join(f"{t:.1f} ({t / first:.2f}x)" for t in rest) + " |")
 
 
 if __name__ == "__main__":

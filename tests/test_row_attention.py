@@ -123,6 +123,7 @@ def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) ->
     quantize_decoder(model)  # 4-bit weights: float32 verification runs exactly, here through the kernel
     target = Target(model)
     assert target.row_kernel
+    target.native = None  # the layers in Python, calling the kernel (test_native_decoder.py: in C++)
     heads, prompt = random_heads(target), random_prompt(60)
     sampling = SamplingConfig(temperature=1.0, min_p=0.05, seed=5)
     cfg = RunConfig(max_new_tokens=200, sampling=sampling, window=ContextWindow(size=64, sinks=4))

@@ -53,6 +53,12 @@ class PreallocatedLayer(CacheLayerMixin):
             self.keys[:, :, : self.stored].copy_(keys[:, :, : self.stored])
             self.values[:, :, : self.stored].copy_(values[:, :, : self.stored])
 
+    def make_room(self, count: int, like: torch.Tensor) -> None:
+        """Buffers with room for `count` more rows (shaped like `like`), for a writer that fills them in place."""
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        self.reserve(self.stored + count)
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:

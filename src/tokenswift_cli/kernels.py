@@ -20,7 +20,9 @@ import torch
 
 from .paths import cache_dir
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / n for n in ("row_attention.cpp", "q8_logits.cpp", "bindings.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / n for n in ("row_attention.cpp", "q8_logits.cpp", "decoder.cpp", "bindings.cpp")
+)
 # -ffp-contract=off: the compiler fuses no multiply-add on its own (see row_attention.cpp)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
 log = logging.getLogger(__name__)

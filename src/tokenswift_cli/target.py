@@ -27,6 +27,7 @@ from .config import ContextWindow
 from .exact_attention import exact_attention, exact_rows
 from .exact_float32 import Float32Layout, exact_attention_float32
 from .int4 import Int4Linear
+from .native_decoder import NativeDecoder
 from .q8_head import Q8Head
 from .row_attention import RowLayout, row_attention
 
@@ -126,6 +127,9 @@ class Target:
         self.row_kernel = self.device.type == "cpu" and row_kernel.supports(head_dim)
         # With 4-bit weights (the engine's own model), a Q8_0 head (the embedded GGUF's) reads int8.
         self.q8_head = Q8Head.from_weight(self.lm_head.weight) if self.rounds_inputs else None
+        # ... and every layer in one C++ call where the row kernel runs (same bits, no per-op overhead).
+        usable = self.row_kernel and self.lean and self.rounds_inputs and self.dtype == torch.float32
+        self.native = NativeDecoder.of(model) if usable else None
         self._pre_norm: torch.Tensor | None = None
         self.decoder.norm.register_forward_pre_hook(self._keep_pre_norm)
 
@@ -213,6 +217,12 @@ class Target:
         plan = _AttentionPlan(
             positions[0], block_mask, window, cache.length, first_recent, sink_rotation, exact, layout
         )
+        if self.native is not None and isinstance(layout, RowLayout):
+            row = None if capture is None else capture.row
+            x, queries = self.native.forward(x, (cos, sin), sink_rotation, cache.layer_list, layout, row)
+            if capture is not None and queries is not None:
+                capture.queries.update(enumerate(queries))
+            return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
         for index, layer in enumerate(self.decoder.layers):
             x = self._lean_layer(layer, x, (cos, sin), cache.layer_list[index], plan=plan, capture=capture)
         return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])

@@ -1,0 +1,158 @@
+// The decoder layers of a llama-family model with 4-bit weights, float32 activations, on a CPU, in one
+// call per forward (native_decoder.py). Each step is the operation the Python lean forward runs
+// (target.py: the model's RMSNorm, its 4-bit products, SiLU), on the same ATen kernels in the same
+// order, or, for the elementwise steps (the rotary embedding, the cache writes), the same roundings
+// written out (compiled with -ffp-contract=off: every product and sum rounded on its own, as ATen's
+// elementwise kernels do). So it gives the modules' bits and sheds only their per-operation Python
+// cost, which was a third of a plain step.
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include <cstring>
+#include <optional>
+#include <vector>
+
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
+                         const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
+                         int64_t offset, int64_t committed, double scaling, int64_t block);
+
+namespace {
+
+constexpr int64_t kInt4Group = 32;
+
+}  // namespace
+
+// One 4-bit linear layer (int4.py's Int4Linear): bfloat16 inputs, float32 outputs, an optional bias.
+struct Int4 {
+  at::Tensor packed, scales;
+  std::optional<at::Tensor> bias;
+  Int4(at::Tensor packed, at::Tensor scales, std::optional<at::Tensor> bias)
+      : packed(std::move(packed)), scales(std::move(scales)), bias(std::move(bias)) {}
+
+  at::Tensor apply(const at::Tensor& x) const {
+    at::Tensor y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), packed, kInt4Group, scales).to(x.scalar_type());
+    return bias ? y + *bias : y;
+  }
+  // At most `limit` rows per product, as exact_attention.exact_rows splits them.
+  at::Tensor operator()(const at::Tensor& x, int64_t limit) const {
+    if (x.size(0) <= limit) return apply(x);
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& part : x.split(limit, 0)) parts.push_back(apply(part));
+    return at::cat(parts, 0);
+  }
+};
+
+// Layers that read the same input: one fused product, or the parts side by side (q/k/v, gate/up).
+struct Int4Parts {
+  std::vector<Int4> parts;
+  at::Tensor operator()(const at::Tensor& x, int64_t limit) const {
+    if (parts.size() == 1) return parts[0](x, limit);
+    std::vector<at::Tensor> outs;
+    for (const Int4& part : parts) outs.push_back(part(x, limit));
+    return at::cat(outs, 1);
+  }
+};
+
+struct Layer {
+  at::Tensor input_norm, post_norm;  // RMSNorm weights
+  double input_eps, post_eps;
+  Int4Parts qkv;
+  Int4 o;
+  Int4Parts gate_up;
+  Int4 down;
+  Layer(at::Tensor input_norm, double input_eps, std::vector<Int4> qkv, Int4 o, at::Tensor post_norm, double post_eps,
+        std::vector<Int4> gate_up, Int4 down)
+      : input_norm(std::move(input_norm)), post_norm(std::move(post_norm)), input_eps(input_eps), post_eps(post_eps),
+        qkv{std::move(qkv)}, o(std::move(o)), gate_up{std::move(gate_up)}, down(std::move(down)) {}
+};
+
+namespace {
+
+// LlamaRMSNorm / Qwen2RMSNorm.forward in float32, op for op.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor variance = x.pow(2).mean(-1, true);
+  return weight * (x * at::rsqrt(variance + eps));
+}
+
+// q * cos + rotate_half(q) * sin for one head (transformers' apply_rotary_pos_emb), each product and
+// the sum rounded once.
+inline void rotate(const float* x, const float* cos, const float* sin, float* out, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < half; ++i) out[i] = x[i] * cos[i] + (-x[i + half]) * sin[i];
+  for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
+}
+
+}  // namespace
+
+struct Decoder {
+  std::vector<Layer> layers;
+  int64_t heads, kv_heads, dim, intermediate, exact_rows;
+  double scaling;
+  Decoder(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t dim, int64_t intermediate,
+          double scaling, int64_t exact_rows)
+      : layers(std::move(layers)), heads(heads), kv_heads(kv_heads), dim(dim), intermediate(intermediate),
+        exact_rows(exact_rows), scaling(scaling) {}
+
+  // x [q, hidden] -> x after every layer. cos/sin [q, dim] at the tokens' positions, sink_cos/sink_sin
+  // where the sinks are scored (a context window); keys/values per layer [kv, capacity, dim] with
+  // room for the q new rows after `stored`; the rest is row_attention.RowLayout. The rotated query of
+  // row `capture_row` (if >= 0) goes to capture[layer] [heads, dim].
+  at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& sink_cos,
+                     const std::optional<at::Tensor>& sink_sin, const std::vector<at::Tensor>& keys,
+                     const std::vector<at::Tensor>& values, int64_t stored, const at::Tensor& lowest,
+                     const at::Tensor& anc, int64_t sinks, int64_t offset, int64_t committed, int64_t block,
+                     int64_t capture_row, const std::optional<at::Tensor>& capture) const {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous());
+    TORCH_CHECK(keys.size() == layers.size() && values.size() == layers.size());
+    const int64_t rows = x.size(0), q_width = heads * dim, kv_width = kv_heads * dim;
+    const bool sink_queries = sinks > 0 && sink_cos.has_value();
+    at::Tensor query = at::empty({rows, heads, dim}, x.options());
+    at::Tensor sink_query = sink_queries ? at::empty({rows, heads, dim}, x.options()) : query;
+    const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+    const float* sc = sink_queries ? sink_cos->data_ptr<float>() : nullptr;
+    const float* ss = sink_queries ? sink_sin->data_ptr<float>() : nullptr;
+    for (size_t index = 0; index < layers.size(); ++index) {
+      const Layer& layer = layers[index];
+      const at::Tensor projected = layer.qkv(rms_norm(x, layer.input_norm, layer.input_eps), exact_rows).contiguous();
+      const at::Tensor& k_cache = keys[index];
+      const at::Tensor& v_cache = values[index];
+      TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1 && k_cache.size(1) >= stored + rows);
+      const float* p = projected.data_ptr<float>();
+      float *qo = query.data_ptr<float>(), *sqo = sink_query.data_ptr<float>();
+      float *ko = k_cache.data_ptr<float>(), *vo = v_cache.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = p + r * projected.stride(0);
+        for (int64_t h = 0; h < heads; ++h) {
+          rotate(row + h * dim, c + r * dim, s + r * dim, qo + (r * heads + h) * dim, dim);
+          if (sink_queries) rotate(row + h * dim, sc + r * dim, ss + r * dim, sqo + (r * heads + h) * dim, dim);
+        }
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          rotate(row + q_width + h * dim, c + r * dim, s + r * dim,
+                 ko + h * k_cache.stride(0) + (stored + r) * k_cache.stride(1), dim);
+          std::memcpy(vo + h * v_cache.stride(0) + (stored + r) * v_cache.stride(1), row + q_width + kv_width + h * dim,
+                      dim * sizeof(float));
+        }
+      }
+      if (capture_row >= 0 && capture) (*capture)[index].copy_(query[capture_row]);
+      const at::Tensor attended =
+          row_attention(query, sink_query, k_cache.narrow(1, 0, stored + rows), v_cache.narrow(1, 0, stored + rows),
+                        lowest, anc, sinks, stored, offset, committed, scaling, block)
+              .view({rows, q_width});
+      x = x + layer.o(attended, exact_rows);
+      const at::Tensor gate_up = layer.gate_up(rms_norm(x, layer.post_norm, layer.post_eps), exact_rows);
+      const at::Tensor hidden = at::silu(gate_up.narrow(1, 0, intermediate)) * gate_up.narrow(1, intermediate, intermediate);
+      x = x + layer.down(hidden, exact_rows);
+    }
+    return x;
+  }
+};
+
+void bind_decoder(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<Int4>(m, "Int4").def(py::init<at::Tensor, at::Tensor, std::optional<at::Tensor>>());
+  py::class_<Layer>(m, "Layer")
+      .def(py::init<at::Tensor, double, std::vector<Int4>, Int4, at::Tensor, double, std::vector<Int4>, Int4>());
+  py::class_<Decoder>(m, "Decoder")
+      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, int64_t, double, int64_t>())
+      .def("forward", &Decoder::forward, "every decoder layer of one forward (float32, 4-bit weights, CPU)");
+}
