@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/sampling_probe.py RUN_DIR START NEW [--dry 0.8] [--dry-allowed-length 4]
         [--dry-base 1.75] [--penalty 1.05] [--penalty-window 256] [--min-p 0.2] [--temperature 0.8]
-        [--seed 1] [--scripts any] [--dtype float32]
+        [--seed 1] [--scripts any] [--dtype float32] [--sinks 192] [--threads 2]
 
 Replays the run's settings (model and weights, sampling, context window) from its settings.json,
 keeps its first START generated tokens as the prefix, writes NEW more with the settings changed as
@@ -10,7 +10,8 @@ asked (unset flags keep the run's; `--dry 0` and `--penalty 1` turn those off), 
 measures of the new text: Distinct-4, repeated sentences, compression, the share of characters
 outside the prefix's scripts, and per stretch of 500 tokens the mean word length (English prose ~5;
 words running together push it past 8) and compression (loops and lists push it past 3): the share
-of degenerate stretches (quality.py) and the first of them.
+of degenerate stretches (quality.py) and the first of them. `--sinks` changes the context window's
+sinks (keep the first N tokens, e.g. the whole prefix, always in view).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from tokenswift_cli import scripts
-from tokenswift_cli.config import ModelSpec, RunConfig
+from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig
 from tokenswift_cli.decode import generate_tokens
 from tokenswift_cli.loading import load_model
 from tokenswift_cli.quality import degenerate_share, distinct_n, repeated_sentence_rate, stretches
@@ -47,9 +48,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="Seed of the position-keyed draws (default: the run's).")
     parser.add_argument("--scripts", default=None, help="any, auto or names (default: the run's).")
     parser.add_argument("--dtype", default=None, help="Default: the run's.")
+    parser.add_argument("--sinks", type=int, default=None, help="Sinks of the context window (default: the run's).")
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="Also write the JSON result here.")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     settings = json.loads((args.run / "settings.json").read_text())
     cfg = RunConfig.from_dict(settings["run_config"])
     manifest = json.loads((args.run / "checkpoint" / "manifest.json").read_text())
@@ -74,6 +77,10 @@ def main() -> None:
     prefix_text = loaded.tokenizer.decode(tokens[:prefix_length])
     sampling = scripts.bind(sampling, loaded.tokenizer, loaded.model.config.vocab_size, prefix=prefix_text)
     run = cfg.replace(max_new_tokens=args.new, mode="plain", sampling=sampling)
+    if args.sinks is not None:
+        if not isinstance(cfg.window, ContextWindow):
+            raise SystemExit("--sinks needs a run with a context window")
+        run = run.replace(window=ContextWindow(size=cfg.window.size, sinks=args.sinks))
     out, _ = generate_tokens(Target(loaded.model), None, prompt, run)
     text = loaded.tokenizer.decode(out)
     pieces = stretches(out, loaded.tokenizer)
@@ -88,6 +95,8 @@ def main() -> None:
         "degenerate": degenerate_share(pieces),
         "word_length_per_500": [round(p.word_length, 1) for p in pieces],
         "compression_per_500": [round(p.compression, 2) for p in pieces],
+        "words_per_line_per_500": [round(p.words_per_line, 1) for p in pieces],
+        "sinks": run.window.sinks if isinstance(run.window, ContextWindow) else None,
         "first_degenerate": next((args.start + p.start for p in pieces if p.degenerate), None),
         "start_text": text[:300], "end_text": text[-300:],
     }  # fmt: skip

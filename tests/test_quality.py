@@ -142,11 +142,14 @@ def test_stretches_flag_loops_and_run_together_words_but_not_prose() -> None:
         text = " ".join(f"word{i} alpha{i * 7 % 13} beta{i * 11 % 17}" for i in range(200))[:2000]
     loop = ("whatever your destiny may be, your fate is forever. " * 10)[:500]
     joined = ("thelovedoneslavetheworldthelusedone " * 20)[:500]
-    found = stretches([ord(c) for c in text[:1000] + loop + joined + "tail"], CharTokenizer())
-    assert [s.start for s in found] == [0, 500, 1000, 1500]  # the short tail is left out
-    assert [s.degenerate for s in found] == [False, False, True, True]
-    assert found[2].looping and not found[2].run_together
+    names = [word.strip(",.;:!?'") for word in text.split()]
+    listed = "".join(f"{name.upper()}, {name[:3].upper()}...\n\n" for name in names if len(name) > 3)[:500]
+    found = stretches([ord(c) for c in text[:1000] + loop + joined + listed + "tail"], CharTokenizer())
+    assert [s.start for s in found] == [0, 500, 1000, 1500, 2000]  # the short tail is left out
+    assert [s.degenerate for s in found] == [False, False, True, True, True]
+    assert found[2].looping and not found[2].run_together and not found[2].listing
     assert found[3].run_together
+    assert found[4].listing and not found[4].looping  # a list of varied names compresses like prose
 
 
 def test_evaluate_without_model_skips_perplexity() -> None:

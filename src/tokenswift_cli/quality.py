@@ -11,9 +11,12 @@ higher = more repetitive; English prose is about 2.5-3).
 
 A small model's long text rarely fails everywhere at once: it slips for a few hundred tokens and
 comes back. So the text is also cut into stretches of 500 tokens, and a stretch counts as degenerate
-when its words run together (mean word length past 8; prose is ~4.5-5) or it loops (zlib compression
+when its words run together (mean word length past 8; prose is ~4.5-5), it loops (zlib compression
 of the stretch past 3.0: the 500-token stretches of the public-domain books in ../shared/data/prefixes
-stay within 1.2-2.1, while lists of invented names and phrase loops reach 3.1-4.6).
+stay within 1.2-2.1, while phrase loops reach 3.1-4.6), or it lists (fewer than 3 words per non-empty
+line: a list of invented names, one or two per line, compresses no better than prose; the books'
+stretches hold 3.7 words per line or more, verse and a play's speaker lines included, but for one
+OCR'd portrait plate at 2.8).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ _MIN_SENTENCE_WORDS = 4  # shorter ones ("He nodded.") repeat in any good text
 STRETCH_TOKENS = 500
 RUN_TOGETHER_WORD_LENGTH = 8.0
 LOOP_COMPRESSION = 3.0
+LIST_WORDS_PER_LINE = 3.0
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,12 @@ class Bucket:
 
 @dataclass(frozen=True)
 class Stretch:
-    """`STRETCH_TOKENS` tokens from `start`: the two measures that flag a degenerate stretch."""
+    """`STRETCH_TOKENS` tokens from `start`: the measures that flag a degenerate stretch."""
 
     start: int
     word_length: float
     compression: float
+    words_per_line: float = math.inf
 
     @property
     def run_together(self) -> bool:
@@ -88,8 +93,12 @@ class Stretch:
         return self.compression > LOOP_COMPRESSION
 
     @property
+    def listing(self) -> bool:
+        return self.words_per_line < LIST_WORDS_PER_LINE
+
+    @property
     def degenerate(self) -> bool:
-        return self.run_together or self.looping
+        return self.run_together or self.looping or self.listing
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,11 @@ def mean_word_length(text: str) -> float:
     return sum(map(len, words)) / len(words) if words else 0.0
 
 
+def words_per_line(text: str) -> float:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return sum(len(line.split()) for line in lines) / len(lines) if lines else math.inf
+
+
 def compression_ratio(text: str) -> float:
     raw = text.encode("utf-8")
     return len(raw) / len(zlib.compress(raw, 9)) if raw else 1.0
@@ -244,7 +258,7 @@ def stretches(tokens: Sequence[int], tokenizer: Tokenizer, size: int = STRETCH_T
     found = []
     for start in range(0, len(tokens) - size + 1, size):
         text = str(tokenizer.decode(list(tokens[start : start + size])))
-        found.append(Stretch(start, mean_word_length(text), compression_ratio(text)))
+        found.append(Stretch(start, mean_word_length(text), compression_ratio(text), words_per_line(text)))
     return tuple(found)
 
 
