@@ -89,3 +89,27 @@ def test_write_with_every_default_equals_plain_mode() -> None:
     recorded = json.loads(settings.read_text())
     assert recorded["model"]["spec"]["weights"] == "int4" and recorded["run_config"]["sampling"]["scripts"] == ["latin"]
     assert texts["tokenswift"] == texts["plain"] and len(texts["plain"]) > 200
+
+
+def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
+    """The users' path (4-bit weights, the C++ decoder layers) against the Python layers, on the real model."""
+    from tokenswift_cli.config import ContextWindow
+    from tokenswift_cli.defaults import EMBEDDED
+    from tokenswift_cli.heads import load_heads, shipped_heads
+    from tokenswift_cli.scripts import bind
+
+    loaded = load_model(ModelSpec(weights="int4"))
+    target = Target(loaded.model)
+    native = target.native
+    assert native is not None
+    shipped = shipped_heads("default")
+    assert shipped is not None
+    heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint)
+    prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
+    sampling = bind(EMBEDDED, loaded.tokenizer, loaded.model.config.vocab_size, prefix=PROMPT.read_text())
+    cfg = RunConfig(max_new_tokens=160, sampling=sampling, window=ContextWindow(size=124))
+    fast, _ = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig().drafting("pass")))
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    target.native = None
+    python_layers, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    assert first_divergence(fast, plain) is None and first_divergence(python_layers, plain) is None

@@ -154,5 +154,7 @@ void bind_decoder(pybind11::module& m) {
       .def(py::init<at::Tensor, double, std::vector<Int4>, Int4, at::Tensor, double, std::vector<Int4>, Int4>());
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, int64_t, double, int64_t>())
-      .def("forward", &Decoder::forward, "every decoder layer of one forward (float32, 4-bit weights, CPU)");
+      // Touches no Python object: other threads (the live panel) run meanwhile.
+      .def("forward", &Decoder::forward, py::call_guard<py::gil_scoped_release>(),
+           "every decoder layer of one forward (float32, 4-bit weights, CPU)");
 }
