@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_config
-from helpers import first_divergence, random_heads, random_prompt
+from helpers import assert_windowed_sampling_is_lossless, random_prompt
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tokenswift_cli import kernels
-from tokenswift_cli.config import ContextWindow, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
+from tokenswift_cli.config import ContextWindow, RunConfig
 from tokenswift_cli.int4 import quantize_decoder
 from tokenswift_cli.state import prefill
 from tokenswift_cli.target import QueryCapture, Target
@@ -68,9 +67,4 @@ def test_native_decoder_gives_the_python_forwards_bits(kind: str, window: Contex
 def test_tokenswift_equals_plain_through_the_native_decoder(kind: str) -> None:
     target = Target(_model(kind))
     assert target.native is not None
-    heads, prompt = random_heads(target), random_prompt(60)
-    sampling = SamplingConfig(temperature=1.0, min_p=0.05, seed=5)
-    cfg = RunConfig(max_new_tokens=200, sampling=sampling, window=ContextWindow(size=64, sinks=4))
-    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
-    fast, stats = generate_tokens(target, heads, prompt, cfg)
-    assert first_divergence(fast, plain) is None and stats.iterations < 200
+    assert_windowed_sampling_is_lossless(target)

@@ -104,11 +104,9 @@ def test_row_attention_reads_strided_caches() -> None:
 @pytest.mark.parametrize("family", ["llama-mha", "qwen2"])  # head size 16: the kernel's
 def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from conftest import tiny_model
-    from helpers import first_divergence, random_heads, random_prompt
+    from helpers import assert_windowed_sampling_is_lossless
 
     from tokenswift_cli import target as target_module
-    from tokenswift_cli.config import ContextWindow, RunConfig, SamplingConfig
-    from tokenswift_cli.decode import generate_tokens
     from tokenswift_cli.int4 import quantize_decoder
     from tokenswift_cli.target import Target
 
@@ -124,12 +122,7 @@ def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) ->
     target = Target(model)
     assert target.row_kernel
     target.native = None  # the layers in Python, calling the kernel (test_native_decoder.py: in C++)
-    heads, prompt = random_heads(target), random_prompt(60)
-    sampling = SamplingConfig(temperature=1.0, min_p=0.05, seed=5)
-    cfg = RunConfig(max_new_tokens=200, sampling=sampling, window=ContextWindow(size=64, sinks=4))
-    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
-    fast, stats = generate_tokens(target, heads, prompt, cfg)
-    assert first_divergence(fast, plain) is None and stats.iterations < 200
+    assert_windowed_sampling_is_lossless(target)
     assert 1 in calls and max(calls) > 1  # plain steps and trees both ran through it
 
 
