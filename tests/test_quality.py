@@ -199,7 +199,7 @@ def test_defaults_for_the_embedded_model_and_eos_suppression() -> None:
     from tokenswift_cli.defaults import EMBEDDED, PAPER, default_sampling, suppressed_ids
 
     assert default_sampling() == EMBEDDED and default_sampling("some/model") == PAPER
-    assert (EMBEDDED.penalty, EMBEDDED.penalty_window, EMBEDDED.min_p) == (1.05, 512, 0.1)
+    assert (EMBEDDED.penalty, EMBEDDED.penalty_window, EMBEDDED.min_p) == (1.1, 1024, 0.1)
     assert (EMBEDDED.dry_multiplier, EMBEDDED.scripts) == (1.5, ("auto",))
     sampling = SamplingConfig(temperature=1.0, suppress_token_ids=(7,))
     assert suppressed_ids(sampling, [2, 0, 2], stop_at_eos=False).suppress_token_ids == (0, 2, 7)
