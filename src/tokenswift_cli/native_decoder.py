@@ -4,8 +4,9 @@ With 4-bit weights a plain step on a CPU spends ~0.5 ms per layer in Python and 
 ~75 small operations (norms, rotary embedding, reshapes, cache writes), a third of the step at 8K
 context. `csrc/decoder.cpp` runs the same operations, on the same kernels where the result depends on
 how they sum, so the bits are those of the model's own modules (tested against the Python lean
-forward and `generate()`). It applies where the lean forward would take the row-attention kernel:
-float32 on a CPU, every projection 4-bit with q/k/v and gate/up fused, the family's RMSNorm and SiLU.
+forward, itself tested against `generate()` on dense models). It applies where the lean forward
+would take the row-attention kernel: float32 on a CPU, every projection 4-bit (q/k/v and gate/up
+fused or not), the family's RMSNorm and SiLU.
 """
 
 from __future__ import annotations
@@ -60,8 +61,12 @@ def _native_layer(module: Any, layer: Any) -> object:
     """One layer's weights as `decoder.cpp` takes them."""
     projections = _projections(layer)
     assert projections is not None
-    qkv, gate_up = ([module.Int4(p.packed, p.scales_and_zeros, p.bias) for p in group] for group in projections)
-    o, down = (module.Int4(p.packed, p.scales_and_zeros, p.bias) for p in (layer.self_attn.o_proj, layer.mlp.down_proj))
+
+    def int4(linear: Int4Linear) -> object:
+        return module.Int4(linear.packed, linear.scales_and_zeros, linear.bias)
+
+    qkv, gate_up = ([int4(p) for p in group] for group in projections)
+    o, down = int4(layer.self_attn.o_proj), int4(layer.mlp.down_proj)
     before, after = layer.input_layernorm, layer.post_attention_layernorm
     return module.Layer(
         before.weight.detach(), float(before.variance_epsilon), qkv, o,

@@ -214,15 +214,15 @@ class Target:
                 layout = Float32Layout.build(
                     positions[0], cache.length, block_mask, group=group, first_recent=first_recent, **sinks
                 )
-        plan = _AttentionPlan(
-            positions[0], block_mask, window, cache.length, first_recent, sink_rotation, exact, layout
-        )
         if self.native is not None and isinstance(layout, RowLayout):
             row = None if capture is None else capture.row
             x, queries = self.native.forward(x, (cos, sin), sink_rotation, cache.layer_list, layout, row)
             if capture is not None and queries is not None:
                 capture.queries.update(enumerate(queries))
             return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
+        plan = _AttentionPlan(
+            positions[0], block_mask, window, cache.length, first_recent, sink_rotation, exact, layout
+        )
         for index, layer in enumerate(self.decoder.layers):
             x = self._lean_layer(layer, x, (cos, sin), cache.layer_list[index], plan=plan, capture=capture)
         return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
