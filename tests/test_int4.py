@@ -12,7 +12,7 @@ from helpers import first_divergence, random_heads, random_prompt
 from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate_tokens
 from tokenswift_cli.int4 import GROUP, Int4Linear, is_q4, quantize_decoder
-from tokenswift_cli.loading import load_model
+from tokenswift_cli.loading import load_model, parameter_count
 from tokenswift_cli.target import Target
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="no int4 kernel")
@@ -96,6 +96,8 @@ def test_auto_weights_are_int4_only_for_q4_models(tmp_path: Path) -> None:
     forced = load_model(ModelSpec(name=str(folder), weights="int4"))
     assert forced.spec is not None and forced.spec.weights == "int4"
     assert isinstance(forced.model.model.layers[0].mlp.down_proj, Int4Linear)
+    stored = sum(p.numel() for p in dense.model.parameters())
+    assert parameter_count(forced.model) == parameter_count(dense.model) == stored
     model = dense.model
     with torch.no_grad():  # make the first block's weights Q4 groups: auto then chooses int4
         for module in model.model.layers[0].modules():

@@ -146,12 +146,12 @@ def save_llama(folder: Path) -> Path:
 def test_load_model_records_the_resolved_spec_and_reloads_the_same_model(tmp_path: Path) -> None:
     folder = save_llama(tmp_path / "m")
     loaded = load_model(ModelSpec(name=str(folder)), total_tokens=1000)
-    assert loaded.spec == ModelSpec(name=str(folder), rope_scaling="yarn", rope_factor=8.0)
+    assert loaded.spec == ModelSpec(name=str(folder), rope_scaling="yarn", rope_factor=8.0, weights="dense")
     assert loaded.rope is not None and loaded.rope.warning() is None
     again = load_model(loaded.spec)  # resume: no run length needed
     assert torch.equal(rotary_frequencies(again.model)[0], rotary_frequencies(loaded.model)[0])
     plain = load_model(ModelSpec(name=str(folder)))
-    assert plain.spec == ModelSpec(name=str(folder), rope_scaling="none")
+    assert plain.spec == ModelSpec(name=str(folder), rope_scaling="none", weights="dense")
     assert not torch.equal(rotary_frequencies(plain.model)[0], rotary_frequencies(loaded.model)[0])
 
 

@@ -142,6 +142,11 @@ def test_q8_head_recovers_q8_0_and_gives_each_row_its_own_logits() -> None:
     head = Q8Head.from_weight(weight)
     assert head is not None and head.values.dtype == torch.int8
     assert Q8Head.from_weight(torch.randn(300, 64)) is None  # not a Q8_0 tensor: the float32 head stays
+    chunked = Q8Head.from_weight(weight, rows=64)  # converted 64 rows at a time, the last part shorter
+    assert chunked is not None and torch.equal(chunked.values, head.values) and torch.equal(chunked.scales, head.scales)
+    broken = weight.clone()
+    broken[299, 5] += 1e-3  # one value off the grid, in the last part
+    assert Q8Head.from_weight(broken, rows=64) is None
     hidden = torch.randn(7, 64)
     logits = head.logits(hidden)
     torch.testing.assert_close(logits, hidden @ weight.T, atol=1e-4, rtol=1e-4)

@@ -90,7 +90,7 @@ def train_heads_command(
         files=files, seed=seed,
     )  # fmt: skip
     out = out or default_out(model)
-    loaded = load_model(ModelSpec(name=model), attn_implementation="sdpa")
+    loaded = load_model(ModelSpec(name=model, weights="dense"), attn_implementation="sdpa")
     with _progress() as bar:
         task = bar.add_task("writing training text", total=None)
         update = lambda name, done, total: bar.update(task, description=name, completed=done, total=total)  # noqa: E731
@@ -139,7 +139,7 @@ def import_command(
         from .config import ModelSpec
         from .loading import load_model
 
-        loaded = load_model(ModelSpec(name=model))
+        loaded = load_model(ModelSpec(name=model, weights="dense"))
         config = loaded.model.config
         metadata |= model_identity(loaded.fingerprint, loaded.source) | {"base_model_name": loaded.name}
     try:
@@ -163,7 +163,7 @@ def eval_command(
     from .loading import load_model
     from .train_run import file_rows, held_out_accuracy
 
-    loaded = load_model(ModelSpec(name=model), attn_implementation="sdpa")
+    loaded = load_model(ModelSpec(name=model, weights="dense"), attn_implementation="sdpa")
     heads, _ = resolve_heads(str(heads_path), loaded)
     assert heads is not None
     rows = file_rows(loaded, [str(t) for t in text], window=tokens, heads=heads.num_heads, limit=tokens)

@@ -240,7 +240,7 @@ class ModelSpec:
     device: str = "cpu"
     rope_scaling: RopeScaling = "auto"
     rope_factor: float | None = None
-    weights: Weights = "dense"
+    weights: Weights = "auto"
 
     def __post_init__(self) -> None:
         _check(bool(self.name.strip()), "model name must not be empty")

@@ -16,6 +16,7 @@ Everything else (norms, embeddings, attention, the KV cache, the output head) ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -128,11 +129,12 @@ class Quantized:
     kept: int
 
 
-def quantize_decoder(model: torch.nn.Module) -> Quantized:
+def quantize_decoder(model: torch.nn.Module, discard: Callable[[torch.Tensor], object] | None = None) -> Quantized:
     """Replace every linear layer of the decoder's blocks by an `Int4Linear` (in place).
 
     The output head and the embeddings stay as they are: the head is the embedding matrix in tied
-    models, and it decides every token, so it keeps full precision.
+    models, and it decides every token, so it keeps full precision. `discard` gets each dense
+    weight once it is replaced (to give its memory back at once).
     """
     decoder = model.get_decoder()  # type: ignore[operator]
     layers = exact = kept = 0
@@ -146,6 +148,8 @@ def quantize_decoder(model: torch.nn.Module) -> Quantized:
             replacement, was_exact = Int4Linear.from_linear(module)
             parent = block.get_submodule(name.rpartition(".")[0]) if "." in name else block
             setattr(parent, name.rpartition(".")[2], replacement)
+            if discard is not None:
+                discard(module.weight)
             layers, exact = layers + 1, exact + was_exact
         _fuse_projections(block)
     return Quantized(layers, exact, kept)

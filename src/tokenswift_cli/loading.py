@@ -27,7 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from . import int4
+from . import int4, memory
 from .config import ModelSpec, Weights
 from .paths import cache_dir
 from .rope import RopePlan, apply_rope, plan_rope
@@ -124,9 +124,25 @@ def _apply_weights(model: PreTrainedModel, spec: ModelSpec) -> Weights:
         return "dense"
     if not int4.supported(device):
         raise ModelLoadError(f"int4 weights run on CPUs only (the model is on {device})")
-    done = int4.quantize_decoder(model)
+    mapped = memory.mapped_file_ranges()
+    done = int4.quantize_decoder(model, discard=lambda weight: memory.drop_pages(weight, mapped))
+    _own_weights(model, mapped)
     log.info("int4 weights: %d layers (%d exactly the model's own), %d kept", done.layers, done.exact, done.kept)
     return "int4"
+
+
+def _own_weights(model: PreTrainedModel, mapped: list[tuple[int, int]]) -> None:
+    """Copy the weights still read from the mapped files, so that the mapping (and its pages) goes.
+
+    With the decoder on 4-bit weights, only the embeddings and norms remain of the file's 0.5 GB.
+    """
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if memory.in_ranges(tensor, mapped) and tensor.is_contiguous():
+            mapped_data, owned = tensor.data.view(-1), torch.empty_like(tensor.data)
+            for part, source in zip(owned.view(-1).split(2**22), mapped_data.split(2**22), strict=True):
+                part.copy_(source)
+                memory.drop_pages(source, mapped)  # a part at a time: the copy never doubles the memory
+            tensor.data = owned
 
 
 def eos_token_ids(tokenizer: Tokenizer | None, config: Any) -> list[int]:
@@ -152,6 +168,12 @@ def end_of_text_ids(loaded: LoadedModel) -> tuple[int, ...]:
     return tuple(sorted({*eos_token_ids(loaded.tokenizer, model.config), *eos_token_ids(None, model)}))
 
 
+def parameter_count(model: torch.nn.Module) -> int:
+    """The model's parameters, those of its 4-bit layers (stored as buffers) included."""
+    packed = [m for m in model.modules() if isinstance(m, int4.Int4Linear) and len(m.splits) == 1]  # fused: views
+    return sum(p.numel() for p in model.parameters()) + sum(m.in_features * m.out_features for m in packed)
+
+
 def describe(loaded: LoadedModel) -> dict[str, Any]:
     """A summary of the loaded model for `tokenswift` output and run manifests."""
     model, config = loaded.model, loaded.model.config
@@ -162,7 +184,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "name": loaded.name, "type": config.model_type, "layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size, "heads": heads, "kv_heads": config.num_key_value_heads or heads,
         "vocab_size": config.vocab_size, "dtype": str(model.dtype).removeprefix("torch."),
-        "device": ",".join(devices), "parameters": sum(p.numel() for p in model.parameters()),
+        "device": ",".join(devices), "parameters": parameter_count(model),
         "max_position_embeddings": config.max_position_embeddings, "fingerprint": loaded.fingerprint,
     }  # fmt: skip
 

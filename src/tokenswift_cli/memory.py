@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import functools
 import resource
 import sys
 import threading
 from pathlib import Path
+
+import torch
 
 _STATM = Path("/proc/self/statm")
 _PAGE = resource.getpagesize()
@@ -44,3 +50,53 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         self.mb = max(self.mb, rss_mb())
+
+
+# ---- weights read from a memory-mapped file ----
+#
+# transformers maps safetensors files into memory; a page of the file counts in the resident set once
+# read. Putting the decoder on 4-bit weights reads every dense weight once and then drops it, but the
+# mapping (kept alive by the embeddings) would keep all of them resident: 0.5 GB for the embedded model.
+
+_MADV_DONTNEED = 4  # Linux and macOS
+
+
+def in_ranges(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
+    return any(lo <= tensor.data_ptr() < hi for lo, hi in ranges)
+
+
+def mapped_file_ranges(suffix: str = ".safetensors") -> list[tuple[int, int]]:
+    """Address ranges [start, end) where files named *suffix are mapped into this process (Linux)."""
+    ranges = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].endswith(suffix):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+    return ranges
+
+
+def drop_pages(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
+    """Give back the resident pages of a file-mapped `tensor` that nothing will read again.
+
+    Only whole pages inside the tensor's bytes and inside one of `ranges` (see `mapped_file_ranges`):
+    other memory is never touched. A page read again later is read again from the file.
+    """
+    if not tensor.is_contiguous():
+        return False
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first, last = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+    if last <= first or not any(lo <= first and last <= hi for lo, hi in ranges) or _libc() is None:
+        return False
+    return _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) == 0
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name, use_errno=True) if name else None
+    except OSError:
+        return None

@@ -24,23 +24,36 @@ class Q8Head:
     scales: torch.Tensor  # [vocab, hidden / 32] float32
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor) -> Q8Head | None:
-        """The Q8_0 form of `weight` `[vocab, hidden]`, or None when it is not exactly one."""
+    def from_weight(cls, weight: torch.Tensor, rows: int = 16384) -> Q8Head | None:
+        """The Q8_0 form of `weight` `[vocab, hidden]`, or None when it is not exactly one.
+
+        Converted `rows` at a time, so that the check's temporaries stay small (the embedded
+        model's head is 108 MiB in float32).
+        """
         if weight.dtype != torch.float32 or weight.shape[1] % GROUP or weight.device.type != "cpu":
             return None
-        groups = weight.detach().reshape(weight.shape[0], -1, GROUP)  # [vocab, groups, 32]
-        scales = (groups.abs().amax(-1) / 127).half().float()  # Q8_0: d = amax / 127, stored as float16
-        safe = torch.where(scales == 0, torch.ones_like(scales), scales)
-        values = groups / safe[..., None]
-        rounded = values.round()
-        if not torch.equal(values, rounded) or rounded.abs().max() > 127:
+        parts = [_q8_rows(weight.detach()[start : start + rows]) for start in range(0, weight.shape[0], rows)]
+        if any(part is None for part in parts):
             return None
-        if not torch.equal(rounded * scales[..., None], groups):
-            return None
-        return cls(rounded.to(torch.int8).reshape(weight.shape).contiguous(), scales.contiguous())
+        values, scales = zip(*parts, strict=True)  # type: ignore[misc]
+        return cls(torch.cat(values).contiguous(), torch.cat(scales).contiguous())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[..., vocab]` of hidden states `[..., hidden]`."""
         flat = hidden.float().reshape(-1, hidden.shape[-1]).contiguous()
         out = kernels.load().q8_logits(flat, self.values, self.scales)
         return out.reshape(*hidden.shape[:-1], -1)
+
+
+def _q8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int8 values, float32 scales) of rows that are exactly Q8_0 groups, else None."""
+    groups = weight.reshape(weight.shape[0], -1, GROUP)  # [rows, groups, 32]
+    scales = (groups.abs().amax(-1) / 127).half().float()  # Q8_0: d = amax / 127, stored as float16
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    values = groups / safe[..., None]
+    rounded = values.round()
+    if not torch.equal(values, rounded) or rounded.abs().max() > 127:
+        return None
+    if not torch.equal(rounded * scales[..., None], groups):
+        return None
+    return rounded.to(torch.int8).reshape(weight.shape), scales
