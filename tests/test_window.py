@@ -182,6 +182,14 @@ def test_a_windowed_run_resumes_exactly(tmp_path: Path) -> None:
     for count, _ in enumerate(generate(target, heads, state, cfg)):
         if count % 7 == 0:  # several checkpoints, some after positions were dropped unsaved
             saver.save(state, stream=StreamState((), 0), text_bytes=0)
+            kv = [e for e in saver.manifest["files"] if e["kind"] == "kv"] if saver.manifest else []
+            # On disk: the sinks and what the window still sees, not every position ever written.
+            needed_from = len(state.tokens) - WINDOW.size + 1
+            assert all(e["start"] < WINDOW.sinks or e["end"] > needed_from for e in kv)
+            assert sum(e["end"] - e["start"] for e in kv) <= WINDOW.span + WINDOW.size // 4 + 7 * 8
+            assert {p.name for p in (tmp_path / "checkpoint").iterdir()} == {
+                e["name"] for e in saver.manifest["files"]
+            } | {"manifest.json"}
         if state.stats.generated >= 120:
             break
     saver.save(state, stream=StreamState((), 0), text_bytes=0)

@@ -109,7 +109,8 @@ class Checkpointer:
 
         self.folder.mkdir(exist_ok=True)
         seq = (self.manifest or {}).get("seq", 0) + 1
-        files = [e for e in (self.manifest or {}).get("files", []) if e["kind"] == "kv"]
+        old = (self.manifest or {}).get("files", [])
+        files = [e for e in old if e["kind"] == "kv" and not _never_read_again(e, state)]
         written: list[Path] = []
         try:
             # Positions a context window dropped before they were saved are never needed again.
@@ -177,6 +178,19 @@ class Checkpointer:
             if path.name not in keep:
                 with contextlib.suppress(OSError):
                     path.unlink()
+
+
+def _never_read_again(entry: dict[str, Any], state: GenerationState) -> bool:
+    """Whether a saved KV segment lies out of the context window for good (and holds no sink).
+
+    A resume loads only the sinks and the positions the next token sees (see `restore`), so such
+    a segment can go: a 100K-token run would otherwise keep ~4.4 GB of keys/values on disk.
+    """
+    window = state.full.window
+    if window is None:
+        return False
+    needed_from = len(state.tokens) - window.size + 1
+    return entry["start"] >= window.sinks and entry["end"] <= needed_from
 
 
 def _kv_shape(state: GenerationState) -> dict[str, Any]:
