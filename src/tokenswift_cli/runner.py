@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import __version__, runs
+from . import __version__, memory, runs
 from .checkpoint import Checkpointer, CheckpointError, read_manifest, restore
 from .config import ConfigError, ModelSpec, RunConfig
 from .durable import RunLock, write_atomic
@@ -243,6 +243,7 @@ def resume(
                 dtype=target.model.dtype,
             )  # fmt: skip
             state, stream, keep = restored.state, TextStream(decode, state=restored.stream), restored.text_bytes
+            memory.trim()  # what loading and reading the checkpoint freed
         with _failing_run(run_dir), StopSignals() as stop:
             if cfg.max_new_tokens != settings["run_config"]["max_new_tokens"]:
                 runs.write_settings(run_dir, {**settings, "run_config": cfg.to_dict()})
