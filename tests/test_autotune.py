@@ -86,3 +86,28 @@ def test_tuner_drops_a_plan_that_could_not_win_even_at_full_acceptance() -> None
     chosen = _drive(tuner, 200, {"plain": 10.0, "pass": 1.0 / 0.8}, {"plain": 1, "pass": 1})
     assert chosen.count("pass") == 1  # one probe, where the first round had two, and none later
     assert chosen[:4] == ["plain", "plain", "pass", "plain"]
+
+
+def test_tuner_skips_a_large_draft_when_the_small_one_of_its_source_does_not_pay() -> None:
+    small = Plan("verify", DraftConfig(source="verify", tree=(1,), ngram_top_k=1))
+    large = Plan("verify", DraftConfig(source="verify", tree=(3, 3, 3)))
+    plans = [Plan("plain", DraftConfig()), small, large]
+    # Sampled text: the small draft accepts little and runs below plain steps; the large one is never tried.
+    cost = {"plain": 1.0, "verify": 1.4}
+    tuner = Tuner(plans, probe=4, period=20)
+    chosen = []
+    for _ in range(100):
+        plan = tuner.next()
+        chosen.append(plan)
+        tuner.record(plan, 1, cost[plan.source])
+    assert large not in chosen and chosen.count(small) >= 2
+    # Greedy text: the small draft beats plain steps, so the large one is probed, and wins.
+    tuner = Tuner(plans, probe=4, period=20)
+    chosen = []
+    for _ in range(40):
+        plan = tuner.next()
+        chosen.append(plan)
+        tuner.record(
+            plan, 4 if plan == large else 2 if plan == small else 1, 1.5 if plan == large else cost[plan.source]
+        )
+    assert chosen[:6] == [plans[0], plans[0], small, small, large, large] and chosen[-1] == large

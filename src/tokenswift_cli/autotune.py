@@ -8,7 +8,8 @@ pass) for a few iterations, keeps the one with the most tokens per second, and p
 again after `period` iterations, then after twice as many, and so on (up to `max_period`):
 costs drift slowly as the context grows, while every probe of a slow plan costs time. A plan that
 could not beat the best even if every draft were accepted (a 45-node tree at 8K context takes ~8
-plain steps on this CPU and commits at most 5 tokens) is not probed again. Plain steps
+plain steps on this CPU and commits at most 5 tokens) is not probed again, nor a large draft whose
+small version was measured slower than the best plan. Plain steps
 are one of the plans, so the automatic mode is never much slower than plain decoding. Every plan
 writes the same text (each is lossless), so switching between them changes only the speed.
 """
@@ -116,7 +117,7 @@ class Tuner:
         best = self.arms[self.best].rate
         schedule: list[int] = []
         for index, arm in enumerate(self.arms):
-            if self._hopeless(index):
+            if self._skipped(index):
                 continue
             if arm.seconds == 0:
                 count = max(1, self.probe // 2)
@@ -132,13 +133,26 @@ class Tuner:
         if self.iteration >= self.period:  # a new round: probe again, and wait longer next time
             self.iteration, self.period = 0, min(2 * self.period, self.max_period)
             self.probes = self._schedule()
-        if self.iteration < len(self.probes) and not self._hopeless(self.probes[self.iteration]):
+        if self.iteration < len(self.probes) and not self._skipped(self.probes[self.iteration]):
             return self.arms[self.probes[self.iteration]].plan
         return self.arms[self.best].plan
+
+    def _skipped(self, index: int) -> bool:
+        return self._hopeless(index) or self._outgrown(index)
 
     def _hopeless(self, index: int) -> bool:
         """Whether arm `index` cannot beat the best plan's measured rate even at full acceptance."""
         return self.arms[index].ceiling < self.arms[self.best].rate
+
+    def _outgrown(self, index: int) -> bool:
+        """Whether a smaller draft of the same source (an earlier arm) was measured slower than the best.
+
+        A larger tree costs several plain steps on a CPU; when the small draft of its source does not
+        pay, the text accepts too little for the large one, and probing it would cost most of a short run.
+        """
+        source, best = self.arms[index].plan.source, self.arms[self.best].rate
+        smaller = [a for a in self.arms[:index] if a.plan.source == source and a.plan.source != "plain"]
+        return any(a.seconds > 0 and a.rate < best for a in smaller)
 
     def record(self, plan: Plan, tokens: int, seconds: float) -> None:
         """One iteration of `plan` committed `tokens` in `seconds` (older measurements fade)."""
