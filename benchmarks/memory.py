@@ -52,19 +52,19 @@ def main() -> None:
     from tokenswift_cli import decode, defaults
     from tokenswift_cli.checkpoint import Checkpointer
     from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig
-    from tokenswift_cli.run_model import bind_scripts, fit_window, load_run_model, suppress_eos
+    from tokenswift_cli.run_model import bind_scripts, fit_window, load_run_model, suppress_eos, unscaled
     from tokenswift_cli.state import prefill
     from tokenswift_cli.textstream import StreamState
 
     stage("imports (torch, transformers, tokenswift)")
-    spec = ModelSpec(rope_scaling="none")
+    spec = ModelSpec()  # as `write`: loaded unscaled, the automatic window resolved from the run's length
     cfg = RunConfig(
         max_new_tokens=args.tokens,
         sampling=defaults.default_sampling(),
         draft=DraftConfig().drafting("auto"),
         window=defaults.automatic_window(),
     )
-    loaded = load_run_model(spec, "default", cfg, lambda _: None)
+    loaded = load_run_model(unscaled(spec), "default", cfg, lambda _: None)
     target = loaded.target
     tensors = [*target.model.parameters(), *target.model.buffers()]
     model_mib = sum(t.numel() * t.element_size() for t in tensors) / MIB
@@ -79,7 +79,7 @@ def main() -> None:
     kv_mib = sum(
         t.numel() * t.element_size() for layer in state.full.layer_list for t in (layer.keys, layer.values) if t is not None
     ) / MIB
-    stage(f"prefilled {len(prompt)} tokens", kv_mib=kv_mib)
+    stage(f"prefilled {len(prompt)} tokens (window {cfg.window})", kv_mib=kv_mib)
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:

@@ -64,11 +64,17 @@ def save(folder: Path, state: GenerationState) -> Checkpointer:
     return saver
 
 
-def test_restore_then_continue_equals_uninterrupted(engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("segment", [512, 16])
+def test_restore_then_continue_equals_uninterrupted(
+    engine, tmp_path: Path, segment: int, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(checkpoint, "SEGMENT", segment)  # 16: the cache goes to disk in several files
     reference = run_until(engine, CFG.max_new_tokens)
     state = run_until(engine, 70)
     assert state.partial is not None and state.partial.selected  # the partial cache is in use
     save(tmp_path, state)
+    kv = sorted(p.name for p in (tmp_path / "checkpoint").glob("kv-*"))
+    assert len(kv) == (1 if segment == 512 else -(-state.full.length // segment)), kv
     back = restored(engine, tmp_path)
     new = back.state
     assert back.stream == STREAM

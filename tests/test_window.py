@@ -16,6 +16,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.llama.modeling_llama import rotate_half
 
+from tokenswift_cli import checkpoint
 from tokenswift_cli.attention import window_attention
 from tokenswift_cli.checkpoint import Checkpointer, read_manifest, restore
 from tokenswift_cli.config import (
@@ -171,7 +172,9 @@ def test_the_windowed_cache_stays_bounded() -> None:
     assert state.full.layer_list[0].capacity == full_capacity(cfg, 100) < 500 + TREE_HEADROOM  # never grew
 
 
-def test_a_windowed_run_resumes_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("segment", [512, 16])
+def test_a_windowed_run_resumes_exactly(tmp_path: Path, segment: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checkpoint, "SEGMENT", segment)  # 16: files fall out of the window one by one
     target = tiny_target("llama-gqa", seed=3)
     heads = random_heads(target)
     cfg = RunConfig(max_new_tokens=240, sampling=SAMPLING, window=WINDOW, prefill_chunk=16)

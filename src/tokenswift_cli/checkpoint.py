@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 SCHEMA = 1
 FOLDER = "checkpoint"
 MANIFEST = "manifest.json"
+SEGMENT = 512  # positions per KV file: ~23 MB for the embedded model
 
 
 def _digest(data: dict[str, Any]) -> str:
@@ -114,10 +115,13 @@ class Checkpointer:
         written: list[Path] = []
         try:
             # Positions a context window dropped before they were saved are never needed again.
-            for part, (held_start, end) in enumerate(state.full.held()):
-                start = max(held_start, self.saved_length)
-                if end <= start:
-                    continue
+            # At most SEGMENT positions per file: serialising copies a file's tensors twice in memory.
+            pieces = [
+                (piece, min(piece + SEGMENT, end))
+                for held_start, end in state.full.held()
+                for piece in range(max(held_start, self.saved_length), end, SEGMENT)
+            ]
+            for part, (start, end) in enumerate(pieces):
                 path = self.folder / (f"kv-{seq:06d}.safetensors" if part == 0 else f"kv-{seq:06d}-{part}.safetensors")
                 tensors = {}
                 for i in range(len(state.full.layer_list)):
