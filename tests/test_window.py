@@ -30,7 +30,7 @@ from tokenswift_cli.config import (
 )
 from tokenswift_cli.decode import generate, generate_tokens
 from tokenswift_cli.defaults import automatic_window
-from tokenswift_cli.run_model import fit_window
+from tokenswift_cli.run_model import WINDOWED_PREFILL_CHUNK, fit_window
 from tokenswift_cli.state import TREE_HEADROOM, full_capacity, prefill
 from tokenswift_cli.target import Target
 from tokenswift_cli.textstream import StreamState
@@ -214,8 +214,11 @@ def test_a_window_needs_the_lean_forward() -> None:
 def test_the_automatic_window_is_the_trained_length_once_a_run_outgrows_it() -> None:
     target = tiny_target("qwen2")  # trained on 4096 positions
     auto = RunConfig(max_new_tokens=4000, window=AutoWindow(sinks=8))
-    assert fit_window(auto, ModelSpec(), target, prefix=200).window == ContextWindow(size=4088, sinks=8)
-    assert fit_window(auto, ModelSpec(), target, prefix=50).window is None  # fits: the model as configured
+    windowed = fit_window(auto, ModelSpec(), target, prefix=200)
+    assert windowed.window == ContextWindow(size=4088, sinks=8)
+    assert windowed.prefill_chunk == WINDOWED_PREFILL_CHUNK < auto.prefill_chunk  # recorded: resumes prefill alike
+    unwindowed = fit_window(auto, ModelSpec(), target, prefix=50)
+    assert unwindowed.window is None and unwindowed.prefill_chunk == auto.prefill_chunk  # fits: as configured
     assert fit_window(auto, ModelSpec(rope_scaling="yarn"), target, prefix=200).window is None  # YaRN chosen
     stock = Target(target.model, lean=False)
     assert fit_window(auto, ModelSpec(), stock, prefix=200).window is None

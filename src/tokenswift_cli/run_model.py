@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import scripts
+from . import memory, scripts
 from .config import AutoWindow, ContextWindow, ModelSpec, RunConfig
 from .heads import SHIPPED, DraftHeads, load_heads, shipped_heads
 from .loading import ModelLoadError, end_of_text_ids, load_model
@@ -75,6 +75,7 @@ def load_run_model(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Cal
         "path": str(path) if path else None,
         "fingerprint": _sha256(path) if path else None,
     }
+    memory.trim()  # the conversions' temporaries (4-bit layers, Q8_0 head)
     return RunModel(target, draft_heads, loaded.tokenizer, end_of_text_ids(loaded), model_settings, heads_settings)
 
 
@@ -97,11 +98,14 @@ def fit_rope(model: RunModel, spec: ModelSpec, total_tokens: int, note: Callable
     return dataclasses.replace(model, settings={**model.settings, "spec": asdict(resolved)})
 
 
+WINDOWED_PREFILL_CHUNK = 128
+
+
 def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) -> RunConfig:
     """`config` with its context window resolved. `AutoWindow` (with rope scaling "auto") gives a run
     that outgrows the model's trained length a window (of the trained length unless it says smaller),
     so that no distance exceeds what the model was trained on; a shorter run, or an explicit rope
-    choice, gets none."""
+    choice, gets none. A windowed run prefills in chunks of `WINDOWED_PREFILL_CHUNK` tokens at most."""
     choice = config.window
     if isinstance(choice, AutoWindow):
         trained = trained_length(target.model.config)
@@ -109,7 +113,11 @@ def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) 
         fits = outgrows and spec.rope_scaling == "auto" and target.lean
         size = min(choice.size or trained - choice.sinks, trained - choice.sinks)
         choice = ContextWindow(size=size, sinks=choice.sinks) if fits else None
-    return config.replace(window=choice)
+    if choice is None:
+        return config.replace(window=None)
+    # A long run's prefill in short chunks: a 512-token chunk over a 4K window held ~300 MiB of
+    # attention temporaries at its peak, a 128-token one ~50 MiB, and prefilled as fast (measured).
+    return config.replace(window=choice, prefill_chunk=min(config.prefill_chunk, WINDOWED_PREFILL_CHUNK))
 
 
 def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
