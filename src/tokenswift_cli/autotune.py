@@ -151,8 +151,7 @@ class Tuner:
         pay, the text accepts too little for the large one, and probing it would cost most of a short run.
         """
         source, best = self.arms[index].plan.source, self.arms[self.best].rate
-        smaller = [a for a in self.arms[:index] if a.plan.source == source and a.plan.source != "plain"]
-        return any(a.seconds > 0 and a.rate < best for a in smaller)
+        return any(a.plan.source == source and a.seconds > 0 and a.rate < best for a in self.arms[:index])
 
     def record(self, plan: Plan, tokens: int, seconds: float) -> None:
         """One iteration of `plan` committed `tokens` in `seconds` (older measurements fade)."""
