@@ -128,5 +128,5 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     lag = cfg.sampling.penalty_window if cfg.sampling.penalty is not None else 0
     ngrams.update(tokens, until=len(tokens) - lag)
     state._refresh_partial(capture.ordered(), cfg, start=len(tokens))
-    memory.trim()  # the chunks' temporaries (and the model loading's) are not needed again
+    memory.trim()  # the chunks' temporaries are not needed again
     return state
