@@ -33,14 +33,15 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def assert_windowed_sampling_is_lossless(target: Target, tokens: int = 200) -> None:
+def assert_windowed_sampling_is_lossless(target: Target, tokens: int = 200, kv_cache: str = "auto") -> None:
     """Seeded sampling under a 64-token window: TokenSwift writes plain decoding's text, in fewer steps."""
     from tokenswift_cli.config import ContextWindow, RunConfig, SamplingConfig
     from tokenswift_cli.decode import generate_tokens
 
     heads, prompt = random_heads(target), random_prompt(60)
     sampling = SamplingConfig(temperature=1.0, min_p=0.05, seed=5)
-    cfg = RunConfig(max_new_tokens=tokens, sampling=sampling, window=ContextWindow(size=64, sinks=4))
+    window = ContextWindow(size=64, sinks=4)
+    cfg = RunConfig(max_new_tokens=tokens, sampling=sampling, window=window, kv_cache=kv_cache)  # type: ignore[arg-type]
     plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     fast, stats = generate_tokens(target, heads, prompt, cfg)
     assert first_divergence(fast, plain) is None and stats.iterations < tokens

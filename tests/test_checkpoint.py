@@ -94,6 +94,33 @@ def test_restore_then_continue_equals_uninterrupted(
     assert new.tokens[:end] == reference.tokens[:end]
 
 
+def test_a_float16_cache_restores_and_continues_as_uninterrupted(engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    target, heads = engine
+    cfg = CFG.replace(kv_cache="float16")
+
+    def run(state: GenerationState, generated: int) -> GenerationState:
+        for _ in generate(target, heads, state, cfg):
+            if state.stats.generated >= generated:
+                break
+        return state
+
+    prompt = random_prompt(90, seed=4)
+    reference = run(prefill(target, prompt, cfg), cfg.max_new_tokens)
+    state = run(prefill(target, prompt, cfg), 70)
+    assert state.full.layer_list[0].keys.dtype == torch.float16 and state.partial is not None
+    save(tmp_path, state)
+    manifest = read_manifest(tmp_path)
+    assert manifest is not None and manifest["kv"]["dtype"] == "float16"
+    with pytest.raises(CheckpointError, match="holds float16 keys/values, the run stores float32"):
+        restore(tmp_path, manifest, cfg=cfg, num_layers=target.num_layers, device=target.device, dtype=torch.float32)
+    back = restore(tmp_path, manifest, cfg=cfg, num_layers=target.num_layers, device=target.device,
+                   dtype=torch.float32, kv_dtype=torch.float16).state  # fmt: skip
+    assert torch.equal(back.full.layer_list[-1].committed()[0], state.full.layer_list[-1].committed()[0])
+    run(back, cfg.max_new_tokens)
+    end = back.prefix_length + cfg.max_new_tokens
+    assert back.tokens[:end] == reference.tokens[:end]
+
+
 def test_segments_are_append_only(engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     state = run_until(engine, 20)
     saver = save(tmp_path, state)

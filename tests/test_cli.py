@@ -495,7 +495,8 @@ def test_runs_list_show_and_remove(tiny_folder: Path, prefix_file: Path) -> None
     report = json.loads(cli("runs", "show", "1", "--json").stdout)
     # A local model gets the paper's sampling; <eos> is suppressed.
     sampling = dataclasses.replace(defaults.PAPER, suppress_token_ids=(1,))
-    expected = RunConfig(max_new_tokens=25, sampling=sampling, draft=DraftConfig().drafting("auto"))
+    # A dense model's KV cache as it computes ("auto" resolved and recorded).
+    expected = RunConfig(max_new_tokens=25, sampling=sampling, draft=DraftConfig().drafting("auto"), kv_cache="model")
     assert report["settings"]["run_config"] == json.loads(json.dumps(expected.to_dict()))
     assert set(report["statistics"]) >= {
         "generated_tokens",
@@ -540,6 +541,22 @@ def test_a_bad_context_window_is_one_line(captured: dict[str, Any], prefix_file:
     assert_one_line_error(result, contains="context window must hold at least 16 tokens")
     result = cli("write", "--prefix", prefix_file, "--tokens", "10", "--context-window", "wide")
     assert_one_line_error(result, contains="bad token count")
+
+
+def test_kv_cache_flag_reaches_the_config_and_a_bad_one_is_one_line(captured: dict[str, Any], prefix_file: Path) -> None:
+    assert cli("write", "--prefix", prefix_file, "--tokens", "10", "--kv-cache", "float16").exit_code == 0
+    assert captured["write"]["config"].kv_cache == "float16"
+    result = cli("write", "--prefix", prefix_file, "--tokens", "10", "--kv-cache", "int8")
+    assert_one_line_error(result, contains="unknown KV cache 'int8': use auto, model, float16")
+
+
+def test_float16_kv_cache_is_recorded_and_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:
+    narrow = ("--kv-cache", "float16", *SAMPLED)
+    first, run = write_in_process(tiny_folder, prefix_file, 40, *narrow)
+    assert json.loads((run / "settings.json").read_text())["run_config"]["kv_cache"] == "float16"
+    more = cli("resume", run.name, "--tokens", 90, "-q")
+    assert more.exit_code == 0, more.output
+    assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 90, *narrow)
 
 
 def test_scripts_auto_keeps_the_prefix_scripts_records_them_and_resumes_exactly(

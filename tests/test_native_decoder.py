@@ -10,9 +10,9 @@ from helpers import assert_windowed_sampling_is_lossless, random_prompt
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tokenswift_cli import kernels
-from tokenswift_cli.config import ContextWindow, RunConfig
+from tokenswift_cli.config import ConfigError, ContextWindow, RunConfig
 from tokenswift_cli.int4 import quantize_decoder
-from tokenswift_cli.state import prefill
+from tokenswift_cli.state import kv_storage, prefill
 from tokenswift_cli.target import QueryCapture, Target
 from tokenswift_cli.tree import build_tree
 
@@ -42,12 +42,16 @@ def _model(kind: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("kind", ["llama-mha", "llama-gqa", "qwen2"])
 @pytest.mark.parametrize("window", [None, ContextWindow(size=64, sinks=4)], ids=["full", "window"])
-def test_native_decoder_gives_the_python_forwards_bits(kind: str, window: ContextWindow | None) -> None:
+@pytest.mark.parametrize("kv_cache", ["model", "float16"])
+def test_native_decoder_gives_the_python_forwards_bits(kind: str, window: ContextWindow | None, kv_cache: str) -> None:
+    """Outputs, captured queries and the keys/values written (float16: rounded alike) are the same bits."""
     target = Target(_model(kind))
     native = target.native
     assert native is not None
-    state = prefill(target, random_prompt(150), RunConfig(max_new_tokens=8, mode="plain", window=window))
+    cfg = RunConfig(max_new_tokens=8, mode="plain", window=window, kv_cache=kv_cache)  # type: ignore[arg-type]
+    state = prefill(target, random_prompt(150), cfg)
     cache = state.full
+    assert cache.layer_list[0].keys.dtype == (torch.float16 if kv_cache == "float16" else torch.float32)
     chain = torch.tensor(random_prompt(3, seed=4))
     for tokens, depths, mask in ((chain[:1], None, None), (TREE.tokens, TREE.depths, TREE.mask)):
         results = []
@@ -63,8 +67,37 @@ def test_native_decoder_gives_the_python_forwards_bits(kind: str, window: Contex
             assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("kind", ["llama-gqa", "qwen2"])
-def test_tokenswift_equals_plain_through_the_native_decoder(kind: str) -> None:
+@pytest.mark.parametrize(("kind", "kv_cache"), [("llama-gqa", "auto"), ("qwen2", "auto"), ("qwen2", "model")])
+def test_tokenswift_equals_plain_through_the_native_decoder(kind: str, kv_cache: str) -> None:
     target = Target(_model(kind))
     assert target.native is not None
-    assert_windowed_sampling_is_lossless(target)
+    assert_windowed_sampling_is_lossless(target, kv_cache=kv_cache)
+
+
+def test_auto_stores_float16_where_the_native_decoder_reads_it() -> None:
+    native = Target(_model("qwen2"))
+    assert kv_storage(RunConfig(max_new_tokens=1), native) == torch.float16
+    assert kv_storage(RunConfig(max_new_tokens=1, kv_cache="model"), native) == torch.float32
+    native.native = None  # the torch paths would widen a copy of the cache per forward
+    assert kv_storage(RunConfig(max_new_tokens=1), native) == torch.float32
+    assert kv_storage(RunConfig(max_new_tokens=1, kv_cache="float16"), native) == torch.float16
+
+
+def test_float16_storage_is_refused_for_a_model_computing_in_bfloat16() -> None:
+    model = AutoModelForCausalLM.from_config(tiny_config("qwen2")).to(torch.bfloat16)
+    with pytest.raises(ConfigError, match="float16 KV cache is for models computing in float32"):
+        kv_storage(RunConfig(max_new_tokens=1, kv_cache="float16"), Target(model))
+
+
+def test_single_token_forward_over_float16_reads_it_in_place(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The draft pass under a window (one token, not exact) takes the native decoder, not a widened copy."""
+    target = Target(_model("qwen2"))
+    state = prefill(target, random_prompt(100), RunConfig(max_new_tokens=8, window=ContextWindow(size=64, sinks=4)))
+    calls: list[int] = []
+    forward = target.native.forward  # type: ignore[union-attr]
+    monkeypatch.setattr(target.native, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    target.forward(torch.tensor([3]), state.full)
+    assert calls == [1]
+    state.full.layer_list[0].dtype = torch.float32  # a cache as the model computes: the fast path
+    target.forward(torch.tensor([3]), state.full)
+    assert calls == [1]

@@ -101,6 +101,21 @@ def test_row_attention_reads_strided_caches() -> None:
     assert torch.equal(got, ra.row_attention(query, keys, values, layout, scaling=0.2))
 
 
+@pytest.mark.parametrize(("committed", "window", "first_recent"), CASES)
+@pytest.mark.parametrize("dim", [64, 32])
+def test_a_float16_cache_reads_as_its_values_widened(
+    committed: int, window: int | None, first_recent: int, dim: int
+) -> None:
+    """Stored in float16 and computed in float32: the bits of the same values stored in float32."""
+    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=3, dim=dim)
+    keys, values = (x.half() for x in (keys, values))
+    layout = ra.RowLayout.build(committed + TREE.depths, committed, TREE.mask, window=window, sinks=sinks,
+                                first_recent=first_recent or sinks, block=64)  # fmt: skip
+    got = ra.row_attention(query, keys, values, layout, scaling=0.2, sink_query=sink_query)
+    widened = ra.row_attention(query, keys.float(), values.float(), layout, scaling=0.2, sink_query=sink_query)
+    assert got.dtype == torch.float32 and torch.equal(got, widened)
+
+
 @pytest.mark.parametrize("family", ["llama-mha", "qwen2"])  # head size 16: the kernel's
 def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from conftest import tiny_model

@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from .bench_llamacpp import LlamaCpp
-from .config import ContextWindow, DraftConfig, RunConfig, SamplingConfig
+from .config import ContextWindow, DraftConfig, KVCache, RunConfig, SamplingConfig
 from .decode import generate
 from .heads import DraftHeads
 from .memory import PeakRss
@@ -53,6 +53,7 @@ class BenchSettings:
     repeats: int = 1
     prompt_lookup_tokens: int = 10
     window: ContextWindow | None = None  # the engine's; the other methods attend to everything
+    kv_cache: KVCache = "auto"  # the engine's storage (`RunConfig.kv_cache`)
 
     def __post_init__(self) -> None:
         unknown = set(self.methods) - set(METHODS)
@@ -168,7 +169,8 @@ class Bench:
     def _config(self, method: str, case: Case) -> RunConfig:
         mode = "plain" if method == "plain" else "tokenswift"
         return RunConfig(max_new_tokens=case.new_tokens, mode=mode, sampling=self.settings.sampling,
-                         draft=self.settings.draft, window=self.settings.window)  # fmt: skip
+                         draft=self.settings.draft, window=self.settings.window,
+                         kv_cache=self.settings.kv_cache)  # fmt: skip
 
     def _engine(self, method: str, case: Case, prefilled: GenerationState) -> _Run:
         cfg = self._config(method, case)

@@ -6,14 +6,14 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from .bench import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
 from .bench_llamacpp import LlamaCpp, gguf_file
 from .bench_llamacpp import available as llama_available
-from .config import DEFAULT_SINKS, AutoWindow, ContextWindow, DraftConfig, ModelSpec, RunConfig
+from .config import DEFAULT_SINKS, KV_CACHES, AutoWindow, ContextWindow, DraftConfig, KVCache, ModelSpec, RunConfig
 from .heads import DraftHeads, load_heads, shipped_heads
 from .options import parse_window
 from .rope import apply_rope, plan_rope
@@ -48,6 +48,7 @@ class BenchRequest:
     quick: bool = False
     context_window: str = "none"
     sinks: int = DEFAULT_SINKS
+    kv_cache: str = "auto"
 
     def cases(self) -> tuple[Case, ...]:
         by_length = [Case(self.length_context, n, "length") for n in self.lengths]
@@ -74,7 +75,12 @@ class BenchRequest:
         if self.quick:
             changes.update(partial_budget=64, sink_tokens=4, recent_window=16)
         draft = dataclasses.replace(draft, **changes).drafting(self.draft)  # a ConfigError is a ValueError
-        return BenchSettings(self.cases(), self.chosen_methods(), sampling, draft, self.repeats, window=window)
+        if self.kv_cache not in KV_CACHES:
+            raise ValueError(f"unknown KV cache {self.kv_cache!r}: use {', '.join(KV_CACHES)}")
+        return BenchSettings(
+            self.cases(), self.chosen_methods(), sampling, draft, self.repeats, window=window,
+            kv_cache=cast(KVCache, self.kv_cache),
+        )  # fmt: skip
 
 
 def quick_model(seed: int = 0) -> Any:

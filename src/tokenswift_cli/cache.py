@@ -8,6 +8,10 @@ Keys are stored after RoPE, so a copied key keeps its original position.
 With a context window (`ContextWindow`) the full cache holds the sinks and the recent positions
 only: positions that no later token can see are dropped (`FullCache.evict`), in amortised chunks.
 `length` always counts positions of the text; `stored` counts the rows held.
+
+The full cache may store its keys and values in a narrower dtype than the model computes in
+(float16 for a float32 model: half the bytes a step reads at long context). Writes round to it;
+readers widen what they read, which is exact, so every path sees the same numbers.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from .config import ContextWindow
 class PreallocatedLayer(CacheLayerMixin):
     """One layer's keys and values in buffers `[1, kv_heads, capacity, head_dim]`, grown geometrically."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.capacity = capacity
+        self.dtype = dtype  # storage; None: as the first keys written
         self.length = 0  # committed positions
         self.dropped = 0  # positions evicted after the sinks (context window only)
 
@@ -36,8 +41,9 @@ class PreallocatedLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, dim = key_states.shape
-        self.keys = key_states.new_empty((batch, heads, self.capacity, dim))
-        self.values = value_states.new_empty((batch, heads, self.capacity, value_states.shape[-1]))
+        dtype = self.dtype or key_states.dtype
+        self.keys = key_states.new_empty((batch, heads, self.capacity, dim), dtype=dtype)
+        self.values = value_states.new_empty((batch, heads, self.capacity, value_states.shape[-1]), dtype=dtype)
         self.is_initialized = True
 
     def reserve(self, needed: int) -> None:
@@ -70,7 +76,10 @@ class PreallocatedLayer(CacheLayerMixin):
         assert self.keys is not None and self.values is not None
         self.keys[:, :, start:end].copy_(key_states)
         self.values[:, :, start:end].copy_(value_states)
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        keys, values = self.keys[:, :, :end], self.values[:, :, :end]
+        if keys.dtype != key_states.dtype:  # a narrower storage, widened for the caller's arithmetic
+            return keys.to(key_states.dtype), values.to(value_states.dtype)
+        return keys, values
 
     def get_mask_sizes(self, query_length: int, *args: object) -> tuple[int, int]:
         return self.stored + query_length, 0
@@ -88,8 +97,8 @@ class PreallocatedLayer(CacheLayerMixin):
 
 
 class _PreallocatedCache(Cache):
-    def __init__(self, num_layers: int, capacity: int) -> None:
-        super().__init__(layers=[PreallocatedLayer(capacity) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int, dtype: torch.dtype | None = None) -> None:
+        super().__init__(layers=[PreallocatedLayer(capacity, dtype) for _ in range(num_layers)])
 
     @property
     def layer_list(self) -> list[PreallocatedLayer]:
@@ -103,6 +112,11 @@ class _PreallocatedCache(Cache):
     def initialized(self) -> bool:
         return self.layer_list[0].is_initialized
 
+    @property
+    def storage_dtype(self) -> torch.dtype | None:
+        """The dtype the keys and values are stored in (None: that of the first keys written)."""
+        return self.layer_list[0].dtype
+
     def reserve(self, needed: int) -> None:
         for layer in self.layer_list:
             layer.reserve(needed)
@@ -110,10 +124,12 @@ class _PreallocatedCache(Cache):
 
 class FullCache(_PreallocatedCache):
     """Keys/values of every committed position (or, with a `window`, of every position still visible),
-    plus room for one forward's tentative positions."""
+    plus room for one forward's tentative positions. `dtype`: the storage (None: the model's)."""
 
-    def __init__(self, num_layers: int, capacity: int, window: ContextWindow | None = None) -> None:
-        super().__init__(num_layers, capacity)
+    def __init__(
+        self, num_layers: int, capacity: int, window: ContextWindow | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__(num_layers, capacity, dtype)
         self.window = window
 
     @property
@@ -204,8 +220,10 @@ class PartialCache(_PreallocatedCache):
     recent half of the window over, so that the latest context is always visible to the draft.
     """
 
-    def __init__(self, num_layers: int, *, budget: int, sinks: int, window: int) -> None:
-        super().__init__(num_layers, capacity=budget + 1)
+    def __init__(
+        self, num_layers: int, *, budget: int, sinks: int, window: int, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__(num_layers, capacity=budget + 1, dtype=dtype)
         self.budget, self.sinks, self.window = budget, sinks, window
         self.window_start = 0  # first full-cache position held in the recent window
         self.selected: list[torch.Tensor] = []  # per layer [kv_heads, n_selected], full-cache positions
@@ -222,8 +240,8 @@ class PartialCache(_PreallocatedCache):
         for layer_idx, query in enumerate(queries):
             keys, _ = full.segment(layer_idx, 0, n)
             kv_heads = keys.shape[1]
-            grouped = query.view(kv_heads, -1, query.shape[-1]).to(keys.dtype)  # [kv_heads, group, head_dim]
-            scores = torch.einsum("kgd,knd->kn", grouped, keys[0, :, self.sinks : self.window_start])
+            grouped = query.view(kv_heads, -1, query.shape[-1])  # [kv_heads, group, head_dim]
+            scores = torch.einsum("kgd,knd->kn", grouped, keys[0, :, self.sinks : self.window_start].to(query.dtype))
             top = min(n_selected, scores.shape[-1])
             chosen = scores.topk(top, dim=-1).indices.sort(dim=-1).values + self.sinks  # [kv_heads, top]
             selections.append(chosen)

@@ -229,6 +229,7 @@ def restore(
     num_layers: int,
     device: torch.device,
     dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
 ) -> Restored:
     """Rebuild the generation state of `manifest` (files verified again as they are read).
 
@@ -243,11 +244,13 @@ def restore(
     from .state import TREE_HEADROOM, GenerationState, full_capacity, uses_partial_cache
 
     folder, info = run_dir / FOLDER, manifest["state"]
+    kv_dtype = kv_dtype or dtype  # the full cache's storage (`state.kv_storage`)
     kv = manifest["kv"]
     if kv["layers"] != num_layers:
         raise CheckpointError(f"the checkpoint has {kv['layers']} layers, the model {num_layers}")
-    if kv.get("dtype", str(dtype).removeprefix("torch.")) != str(dtype).removeprefix("torch."):
-        raise CheckpointError(f"the checkpoint holds {kv['dtype']} keys/values, the model computes in {dtype}")
+    stores = str(kv_dtype).removeprefix("torch.")
+    if kv.get("dtype", stores) != stores:
+        raise CheckpointError(f"the checkpoint holds {kv['dtype']} keys/values, the run stores {stores}")
     entries = sorted((e for e in manifest["files"] if e["kind"] == "kv"), key=lambda e: e["start"])
     state_entry = next(e for e in manifest["files"] if e["kind"] == "state")
     saved = load(_read_verified(folder, state_entry))
@@ -255,7 +258,7 @@ def restore(
     prefix_length = info["prefix_length"]
     window = cfg.context_window
     capacity = max(full_capacity(cfg, prefix_length), len(tokens) + TREE_HEADROOM if window is None else 0)
-    full = FullCache(num_layers, capacity=capacity, window=window)
+    full = FullCache(num_layers, capacity=capacity, window=window, dtype=kv_dtype)
     # With a context window only the sinks and the positions the next token sees are loaded.
     needed_from = len(tokens) - window.size + 1 if window is not None else 0
     for entry in entries:
@@ -279,7 +282,7 @@ def restore(
     if uses_partial_cache(cfg):
         assert draft.partial_budget is not None
         partial = PartialCache(
-            num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window
+            num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window, dtype=dtype
         )
         if info["window_start"] is not None:
             selections = [saved[f"selected.{i}"].to(device) for i in range(num_layers)]

@@ -25,6 +25,7 @@ from .config import (
     ConfigError,
     DraftConfig,
     DType,
+    KVCache,
     Mode,
     ModelSpec,
     RopeScaling,
@@ -48,6 +49,7 @@ from .options import (
     DTypeOpt,
     EtaOpt,
     HeadsOpt,
+    KVCacheOpt,
     MinPOpt,
     ModelOpt,
     ModeOpt,
@@ -201,6 +203,7 @@ def write(
     rope_factor: RopeFactorOpt = None,
     context_window: ContextWindowOpt = "auto",
     sinks: SinksOpt = DEFAULT_SINKS,
+    kv_cache: KVCacheOpt = "auto",
     temperature: TemperatureOpt = None,
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
@@ -243,7 +246,7 @@ def write(
         # The Literal-typed fields are checked by the configs themselves (one-line ConfigError).
         config = RunConfig(
             max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,
-            draft=drafting, window=parse_window(context_window, sinks, model),
+            draft=drafting, window=parse_window(context_window, sinks, model), kv_cache=cast(KVCache, kv_cache),
         )  # fmt: skip
         spec = ModelSpec(
             name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),

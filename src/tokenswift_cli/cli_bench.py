@@ -68,6 +68,9 @@ def bench_command(
         str, typer.Option(help="The engine's context window: none, auto (as write) or a size such as 4k.")
     ] = "none",
     sinks: Annotated[int, typer.Option(min=1, help="Sink tokens of --context-window.")] = 4,
+    kv_cache: Annotated[
+        str, typer.Option(help="The engine's KV cache storage: auto (as write), model or float16.")
+    ] = "auto",
 ) -> None:
     """Measure plain decoding, TokenSwift, generate(), prompt lookup and llama.cpp on the same prefixes, interleaved."""
     from .bench_models import BenchRequest, run_bench
@@ -79,7 +82,7 @@ def bench_command(
         methods=None if methods == "auto" else tuple(m.strip() for m in methods.split(",") if m.strip()),
         sampling=sampling, seed=seed,
         draft=draft, tree=tree, ngram_top_k=ngram_top_k, repeats=repeats, threads=threads, quick=quick,
-        context_window=context_window, sinks=sinks,
+        context_window=context_window, sinks=sinks, kv_cache=kv_cache,
     )  # fmt: skip
     try:
         run_bench(request, out_dir=out, name=name)

@@ -22,6 +22,8 @@ DraftSource = Literal["pass", "verify", "ngram"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
 Weights = Literal["auto", "dense", "int4"]
+KVCache = Literal["auto", "model", "float16"]
+KV_CACHES = ("auto", "model", "float16")
 DRAFT_SOURCES = ("pass", "verify", "ngram")
 DRAFT_CHOICES = ("auto", *DRAFT_SOURCES)
 
@@ -175,7 +177,12 @@ class ContextWindow:
 @dataclass(frozen=True)
 class RunConfig:
     """One generation: how many tokens, how (mode), the configs above, and the attention window
-    (`AutoWindow` must be resolved, by `run_model.fit_window`, before the run starts)."""
+    (`AutoWindow` must be resolved, by `run_model.fit_window`, before the run starts).
+
+    `kv_cache` is how the full cache stores keys and values: "model" as the model computes them,
+    "float16" rounded to float16 (for a float32 model; half the bytes a step reads), "auto" float16
+    where the native CPU decoder reads it (`state.kv_storage`). Part of the target model, like the
+    window: plain and accelerated decoding store alike."""
 
     max_new_tokens: int
     mode: Mode = "tokenswift"
@@ -184,9 +191,11 @@ class RunConfig:
     draft: DraftConfig = field(default_factory=DraftConfig)
     prefill_chunk: int = 512
     window: ContextWindow | AutoWindow | None = None
+    kv_cache: KVCache = "auto"
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "the number of tokens to write must be >= 1")
+        _check(self.kv_cache in KV_CACHES, f"unknown KV cache {self.kv_cache!r}: use {', '.join(KV_CACHES)}")
         _check(self.mode in ("tokenswift", "plain"), f"unknown mode {self.mode!r}: use tokenswift or plain")
         _check(self.prefill_chunk >= 1, "prefill chunk must be >= 1")
 
@@ -217,6 +226,7 @@ class RunConfig:
         sampling = SamplingConfig(**data.pop("sampling"))
         draft = DraftConfig(**data.pop("draft"))
         window = data.pop("window", None)
+        data.setdefault("kv_cache", "model")  # runs recorded before the option stored what the model computes
         resolved = None if not window else ContextWindow(**window) if "size" in window else AutoWindow(**window)
         return cls(sampling=sampling, draft=draft, window=resolved, **data)
 

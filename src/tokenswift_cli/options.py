@@ -119,6 +119,15 @@ ContextWindowOpt = Annotated[
         rich_help_panel=_MODEL,
     ),
 ]
+KVCacheOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv-cache",
+        help="How the KV cache stores keys and values: auto (float16 where the native CPU decoder reads it: "
+        "half the memory and time per step at long context), model (as the model computes) or float16.",
+        rich_help_panel=_MODEL,
+    ),
+]
 SinksOpt = Annotated[
     int, typer.Option("--sinks", min=1, help="First tokens every token attends to under a context window.",
                       rich_help_panel=_MODEL),

@@ -18,6 +18,7 @@ from .config import AutoWindow, ContextWindow, ModelSpec, RunConfig
 from .heads import SHIPPED, DraftHeads, load_heads, shipped_heads
 from .loading import ModelLoadError, end_of_text_ids, load_model
 from .rope import apply_rope, plan_rope, trained_length
+from .state import kv_storage
 from .target import Target
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
@@ -118,6 +119,13 @@ def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) 
     # A long run's prefill in short chunks: a 512-token chunk over a 4K window held ~300 MiB of
     # attention temporaries at its peak, a 128-token one ~50 MiB, and prefilled as fast (measured).
     return config.replace(window=choice, prefill_chunk=min(config.prefill_chunk, WINDOWED_PREFILL_CHUNK))
+
+
+def fit_kv_cache(config: RunConfig, target: Target) -> RunConfig:
+    """`config` with "auto" KV storage resolved, so that the run's settings record what it stores."""
+    if config.kv_cache != "auto":
+        return config
+    return config.replace(kv_cache="model" if kv_storage(config, target) == target.dtype else "float16")
 
 
 def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:

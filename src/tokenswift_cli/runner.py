@@ -21,9 +21,18 @@ from .config import ConfigError, ModelSpec, RunConfig
 from .durable import RunLock, write_atomic
 from .render import Renderer, make_renderer
 from .rope import plan_rope
-from .run_model import RunModel, bind_scripts, fit_rope, fit_window, load_run_model, suppress_eos, unscaled
+from .run_model import (
+    RunModel,
+    bind_scripts,
+    fit_kv_cache,
+    fit_rope,
+    fit_window,
+    load_run_model,
+    suppress_eos,
+    unscaled,
+)  # fmt: skip
 from .session import Session, StopSignals, TextSink
-from .state import GenerationState, prefill
+from .state import GenerationState, kv_storage, prefill
 from .textstream import TextStream, tokenizer_decoder
 
 
@@ -146,7 +155,7 @@ def write(
     prompt = loaded.tokenizer(prefix)["input_ids"]
     if not prompt:
         raise ConfigError("the prefix has no tokens")
-    config = fit_window(config, model, loaded.target, len(prompt))
+    config = fit_kv_cache(fit_window(config, model, loaded.target, len(prompt)), loaded.target)
     loaded = fit_rope(loaded, model, config.positions_needed(len(prompt)), renderer.note)
     config = bind_scripts(suppress_eos(config, loaded.eos_ids), loaded, prefix)
     run_dir = runs.create_run(root)
@@ -240,7 +249,7 @@ def resume(
             target = loaded.target
             restored = restore(
                 run_dir, manifest, cfg=cfg, num_layers=target.num_layers, device=target.device,
-                dtype=target.model.dtype,
+                dtype=target.dtype, kv_dtype=kv_storage(cfg, target),
             )  # fmt: skip
             state, stream, keep = restored.state, TextStream(decode, state=restored.stream), restored.text_bytes
             memory.trim()  # what loading and reading the checkpoint freed

@@ -86,6 +86,23 @@ def full_capacity(cfg: RunConfig, prefix_length: int) -> int:
     return min(needed, window.span + window.size // 4 + prefill_chunk(cfg) + TREE_HEADROOM)
 
 
+def kv_storage(cfg: RunConfig, target: Target) -> torch.dtype:
+    """The dtype the full cache stores keys and values in (`RunConfig.kv_cache`).
+
+    "auto" is float16 where the native decoder runs (it reads float16 as fast as the half of the
+    bytes it is: at long context a step is bound by them), the model's dtype elsewhere (the torch
+    paths would widen a copy of the cache per forward).
+    """
+    choice = cfg.kv_cache
+    if choice == "auto":
+        choice = "float16" if target.native is not None else "model"
+    if choice == "model":
+        return target.dtype
+    if target.dtype != torch.float32:
+        raise ConfigError(f"a float16 KV cache is for models computing in float32, not {target.dtype}")
+    return torch.float16
+
+
 def prefill_chunk(cfg: RunConfig) -> int:
     """Under a window, chunks no longer than the window: the sinks are cached before any row needs them."""
     window = cfg.context_window
@@ -104,7 +121,9 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     tokens = [int(t) for t in prompt]
     if cfg.context_window is not None and not target.lean:
         raise ConfigError("a context window needs a llama, qwen2 or mistral model with full attention")
-    full = FullCache(target.num_layers, capacity=full_capacity(cfg, len(tokens)), window=cfg.context_window)
+    full = FullCache(
+        target.num_layers, full_capacity(cfg, len(tokens)), window=cfg.context_window, dtype=kv_storage(cfg, target)
+    )
     stats = Stats()
     capture = QueryCapture(row=-1)
     with stats.phase("prefill", target.device):
@@ -121,8 +140,9 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     if uses_partial_cache(cfg):
         draft = cfg.draft
         partial = PartialCache(
-            target.num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window
-        )
+            target.num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window,
+            dtype=target.dtype,
+        )  # fmt: skip
     ngrams = NGramTable(cfg.draft.ngram_size)
     state = GenerationState(tokens, len(tokens), root, full, partial, ngrams, stats)
     lag = cfg.sampling.penalty_window if cfg.sampling.penalty is not None else 0

@@ -196,6 +196,10 @@ class Target:
         cos, sin = self.decoder.rotary_emb(x, positions)
         window = cache.window if isinstance(cache, FullCache) else None
         first_recent = cache.first_recent if isinstance(cache, FullCache) else 0
+        # One token over a cache stored narrower (the draft pass under a window): the native decoder
+        # reads it as stored, where the fast path would widen a copy of all of it.
+        narrow = cache.storage_dtype not in (None, self.dtype)
+        exact = exact or (narrow and tokens.shape[0] == 1 and self.native is not None)
         # Measured invariant on CPUs only (oneDNN); elsewhere reduced precision keeps the fast kernels.
         exact = exact and (self.dtype != torch.float32 or self.rounds_inputs) and self.device.type == "cpu"
         exact = exact and (window is None or cache.length >= window.sinks)

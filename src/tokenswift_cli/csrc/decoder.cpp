@@ -82,6 +82,25 @@ inline void rotate(const float* x, const float* cos, const float* sin, float* ou
   for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
+// A key or value row into the cache: float32 as computed, or float16 rounded to nearest even, as
+// torch's `copy_` rounds (the Python forward's cache writes).
+template <typename T>
+inline void put(const float* x, T* out, int64_t dim) {
+  for (int64_t i = 0; i < dim; ++i) out[i] = static_cast<T>(x[i]);
+}
+
+template <typename T>
+void write_kv(const float* row, const float* cos, const float* sin, const at::Tensor& k_cache, const at::Tensor& v_cache,
+              int64_t position, int64_t kv_heads, int64_t dim, int64_t q_width) {
+  float rotated[256];
+  T *ko = k_cache.data_ptr<T>(), *vo = v_cache.data_ptr<T>();
+  for (int64_t h = 0; h < kv_heads; ++h) {
+    rotate(row + q_width + h * dim, cos, sin, rotated, dim);
+    put(rotated, ko + h * k_cache.stride(0) + position * k_cache.stride(1), dim);
+    put(row + q_width + kv_heads * dim + h * dim, vo + h * v_cache.stride(0) + position * v_cache.stride(1), dim);
+  }
+}
+
 }  // namespace
 
 struct Decoder {
@@ -104,7 +123,7 @@ struct Decoder {
                      int64_t capture_row, const std::optional<at::Tensor>& capture) const {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous());
     TORCH_CHECK(keys.size() == layers.size() && values.size() == layers.size());
-    const int64_t rows = x.size(0), q_width = heads * dim, kv_width = kv_heads * dim;
+    const int64_t rows = x.size(0), q_width = heads * dim;
     const bool sink_queries = sinks > 0 && sink_cos.has_value();
     at::Tensor query = at::empty({rows, heads, dim}, x.options());
     at::Tensor sink_query = sink_queries ? at::empty({rows, heads, dim}, x.options()) : query;
@@ -117,21 +136,21 @@ struct Decoder {
       const at::Tensor& k_cache = keys[index];
       const at::Tensor& v_cache = values[index];
       TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1 && k_cache.size(1) >= stored + rows);
+      TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && dim <= 256);
+      const bool half = k_cache.scalar_type() == at::kHalf;
+      TORCH_CHECK(half || k_cache.scalar_type() == at::kFloat, "a float32 or float16 cache");
       const float* p = projected.data_ptr<float>();
       float *qo = query.data_ptr<float>(), *sqo = sink_query.data_ptr<float>();
-      float *ko = k_cache.data_ptr<float>(), *vo = v_cache.data_ptr<float>();
       for (int64_t r = 0; r < rows; ++r) {
         const float* row = p + r * projected.stride(0);
         for (int64_t h = 0; h < heads; ++h) {
           rotate(row + h * dim, c + r * dim, s + r * dim, qo + (r * heads + h) * dim, dim);
           if (sink_queries) rotate(row + h * dim, sc + r * dim, ss + r * dim, sqo + (r * heads + h) * dim, dim);
         }
-        for (int64_t h = 0; h < kv_heads; ++h) {
-          rotate(row + q_width + h * dim, c + r * dim, s + r * dim,
-                 ko + h * k_cache.stride(0) + (stored + r) * k_cache.stride(1), dim);
-          std::memcpy(vo + h * v_cache.stride(0) + (stored + r) * v_cache.stride(1), row + q_width + kv_width + h * dim,
-                      dim * sizeof(float));
-        }
+        if (half)
+          write_kv<c10::Half>(row, c + r * dim, s + r * dim, k_cache, v_cache, stored + r, kv_heads, dim, q_width);
+        else
+          write_kv<float>(row, c + r * dim, s + r * dim, k_cache, v_cache, stored + r, kv_heads, dim, q_width);
       }
       if (capture_row >= 0 && capture) (*capture)[index].copy_(query[capture_row]);
       const at::Tensor attended =

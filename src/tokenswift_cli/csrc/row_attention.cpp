@@ -52,16 +52,17 @@ inline v16 fold16(const v16* a) {
 }
 
 // Per lane: query chunk 0 times key chunk 0, then the other chunks fused in, in order.
-template <int64_t C>  // C chunks known when compiled (the usual head sizes), else 0 and `chunks`
-inline v16 partial(const float* q, const v16* k, int64_t chunks) {
+// C chunks known when compiled (the usual head sizes), else 0 and `chunks`; P float or float16 (a key).
+template <int64_t C, typename P>
+inline v16 partial(const P* q, const v16* k, int64_t chunks) {
   const int64_t n = C > 0 ? C : chunks;
   v16 a = load(q) * k[0];
   for (int64_t c = 1; c < n; ++c) a = fma(load(q + c * kLanes), k[c], a);
   return a;
 }
 
-template <int64_t C>
-void key_dots_of(const float* key, const float* const* queries, int64_t count, int64_t chunks, float scale,
+template <int64_t C, typename T>
+void key_dots_of(const T* key, const float* const* queries, int64_t count, int64_t chunks, float scale,
                  float* out, int64_t stride) {
   v16 k[C > 0 ? C : kMaxChunks], parts[kLanes];
   const int64_t n = C > 0 ? C : chunks;
@@ -76,7 +77,8 @@ void key_dots_of(const float* key, const float* const* queries, int64_t count, i
 }
 
 // out[i * stride] = scale * (query i . key) for `count` queries: 16 at a time, then one by one.
-__attribute__((noinline)) void key_dots(const float* key, const float* const* queries, int64_t count, int64_t dim,
+template <typename T>
+__attribute__((noinline)) void key_dots(const T* key, const float* const* queries, int64_t count, int64_t dim,
                                         float scale, float* out, int64_t stride) {
   const int64_t chunks = dim / kLanes;
   if (chunks == 4) return key_dots_of<4>(key, queries, count, chunks, scale, out, stride);
@@ -87,8 +89,8 @@ __attribute__((noinline)) void key_dots(const float* key, const float* const* qu
 // out[l * stride] = scale * (query . key l) for 16 keys at once: the same `partial` and `fold` per score
 // as `key_dots` (fold16's lane l is fold of its l-th vector, and a product's operands commute), so a
 // score has the same bits on either path. For few queries (a plain step's), it folds 16 scores at once.
-template <int64_t C>
-void query_dots_of(const float* query, const float* const* keys, int64_t chunks, float scale, float* out) {
+template <int64_t C, typename T>
+void query_dots_of(const float* query, const T* const* keys, int64_t chunks, float scale, float* out) {
   const int64_t n = C > 0 ? C : chunks;
   v16 q[C > 0 ? C : kMaxChunks], parts[kLanes];
   for (int64_t c = 0; c < n; ++c) q[c] = load(query + c * kLanes);
@@ -96,7 +98,8 @@ void query_dots_of(const float* query, const float* const* keys, int64_t chunks,
   store(out, fold16(parts) * scale);
 }
 
-__attribute__((noinline)) void query_dots(const float* query, const float* const* keys, int64_t dim, float scale,
+template <typename T>
+__attribute__((noinline)) void query_dots(const float* query, const T* const* keys, int64_t dim, float scale,
                                           float* out) {
   const int64_t chunks = dim / kLanes;
   if (chunks == 4) return query_dots_of<4>(query, keys, chunks, scale, out);
@@ -104,12 +107,13 @@ __attribute__((noinline)) void query_dots(const float* query, const float* const
   query_dots_of<0>(query, keys, chunks, scale, out);
 }
 
-using Held = std::vector<std::pair<int64_t, const float*>>;  // (index in the block, value row)
+template <typename T>
+using Held = std::vector<std::pair<int64_t, const T*>>;  // (index in the block, value row)
 
 // For G lanes (G <= kGroup): out[g] = sum over `held` of w[g][j] * v and total[g] = sum of w[g][j], in
 // position order. The weight sums ride along with the products, whose arithmetic hides their latency.
-template <int64_t C, int64_t G>
-void value_sums(const Held& held, const float* const* w, int64_t chunks, float* const* out, float* total) {
+template <int64_t C, int64_t G, typename T>
+void value_sums(const Held<T>& held, const float* const* w, int64_t chunks, float* const* out, float* total) {
   float t[G] = {};
   if constexpr (C > 0) {  // the whole row in registers: G x C accumulators
     v16 a[G][C] = {};
@@ -140,8 +144,8 @@ void value_sums(const Held& held, const float* const* w, int64_t chunks, float* 
   for (int64_t g = 0; g < G; ++g) total[g] = t[g];
 }
 
-template <int64_t C>
-void value_sums_of(int64_t lanes, const Held& held, const float* const* w, int64_t chunks, float* const* out,
+template <int64_t C, typename T>
+void value_sums_of(int64_t lanes, const Held<T>& held, const float* const* w, int64_t chunks, float* const* out,
                    float* total) {
   if (lanes == 1) return value_sums<C, 1>(held, w, chunks, out, total);
   if (lanes == 2) return value_sums<C, 2>(held, w, chunks, out, total);
@@ -175,14 +179,16 @@ __attribute__((noinline)) void exp_block(const float* scores, float top, float* 
   }
 }
 
+template <typename T>  // the cache's storage: float, or float16 widened as it is read
 struct Layout {
   int64_t rows, heads, kv, group, dim, block, sinks, stored, offset, committed, depths;
-  const float *q, *sq, *k, *v;
+  const float *q, *sq;
+  const T *k, *v;
   int64_t k_head, k_pos, v_head, v_pos;
   const int64_t *lowest, *anc;
 
-  const float* key(int64_t head, int64_t row) const { return k + head * k_head + row * k_pos; }
-  const float* value(int64_t head, int64_t row) const { return v + head * v_head + row * v_pos; }
+  const T* key(int64_t head, int64_t row) const { return k + head * k_head + row * k_pos; }
+  const T* value(int64_t head, int64_t row) const { return v + head * v_head + row * v_pos; }
   // The cache row of held position `pos` (a sink or a committed one) if any row sees it, else -1.
   int64_t shared(int64_t pos, int64_t min_lowest) const {
     if (pos < sinks) return pos;
@@ -193,23 +199,14 @@ struct Layout {
   bool sees(int64_t r, int64_t pos, int64_t row) const { return pos < sinks || row >= lowest[r]; }
 };
 
-}  // namespace
-
-// q, sq: [R, H, D]; keys, values: [KV, N, D] (D contiguous); lowest: [R] first held cache row each
-// row sees; anc: [R, T] node at each depth of each row's path (-1 past its own depth).
-at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
-                         const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
-                         int64_t offset, int64_t committed, double scaling, int64_t block) {
-  TORCH_CHECK(q.dtype() == at::kFloat && sq.dtype() == at::kFloat && keys.dtype() == at::kFloat &&
-              values.dtype() == at::kFloat);
-  TORCH_CHECK(q.is_contiguous() && sq.is_contiguous() && keys.stride(2) == 1 && values.stride(2) == 1);
-  TORCH_CHECK(lowest.is_contiguous() && anc.is_contiguous() && lowest.dtype() == at::kLong &&
-              anc.dtype() == at::kLong);
-  TORCH_CHECK(q.size(2) % kLanes == 0 && q.size(2) <= kLanes * kMaxChunks && block % kLanes == 0 && q.size(1) % keys.size(0) == 0);
-  const Layout at{q.size(0), q.size(1), keys.size(0), q.size(1) / keys.size(0), q.size(2), block, sinks, stored,
-                  offset, committed, anc.size(1), q.data_ptr<float>(), sq.data_ptr<float>(), keys.data_ptr<float>(),
-                  values.data_ptr<float>(), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-                  lowest.data_ptr<int64_t>(), anc.data_ptr<int64_t>()};
+template <typename T>
+at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
+                  const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored, int64_t offset,
+                  int64_t committed, double scaling, int64_t block) {
+  const Layout<T> at{q.size(0), q.size(1), keys.size(0), q.size(1) / keys.size(0), q.size(2), block, sinks, stored,
+                     offset, committed, anc.size(1), q.data_ptr<float>(), sq.data_ptr<float>(), keys.data_ptr<T>(),
+                     values.data_ptr<T>(), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+                     lowest.data_ptr<int64_t>(), anc.data_ptr<int64_t>()};
   const int64_t rows = at.rows, group = at.group, dim = at.dim, width = rows * group;  // lanes per kv head
   const int64_t min_lowest = *std::min_element(at.lowest, at.lowest + rows);
   std::vector<int64_t> blocks;  // the blocks of absolute positions some row sees, in order
@@ -239,7 +236,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       float* s = scores.data() + item * width * block;
       const float* const* queries = all_queries.data() + head * 2 * width;
-      const float* keys16[kLanes];
+      const T* keys16[kLanes];
       for (int64_t j = 0; j < block; j += kLanes) {
         bool whole = first + j >= sinks;  // 16 held positions past the sinks: 16 scores per query at once
         for (int64_t l = 0; l < kLanes && whole; ++l) {
@@ -288,7 +285,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
   std::vector<float> block_sum(at.kv * nb * width, 0.f), block_acc(at.kv * nb * width * dim, 0.f);
   at::parallel_for(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> weights(width * block);
-    Held held;
+    Held<T> held;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       const float* s = scores.data() + item * width * block;
@@ -319,7 +316,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
           const int64_t node = at.anc[r * at.depths + t];
           if (node < 0) continue;
           const float w = weights[lane * block + committed + t - first];
-          const float* v = at.value(head, stored + node);
+          const T* v = at.value(head, stored + node);
           sum[lane] = sum[lane] + w;
           float* out = acc + lane * dim;
           for (int64_t c = 0; c < chunks; ++c) store(out + c * kLanes, fma(w + v16{}, load(v + c * kLanes), load(out + c * kLanes)));
@@ -349,3 +346,21 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
   return result;
 }
 
+}  // namespace
+
+// q, sq: [R, H, D] float32; keys, values: [KV, N, D] (D contiguous), float32 or float16 (computed in
+// float32); lowest: [R] first held cache row each row sees; anc: [R, T] node at each depth of each
+// row's path (-1 past its own depth).
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
+                         const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
+                         int64_t offset, int64_t committed, double scaling, int64_t block) {
+  TORCH_CHECK(q.dtype() == at::kFloat && sq.dtype() == at::kFloat && keys.dtype() == values.dtype() &&
+              (keys.dtype() == at::kFloat || keys.dtype() == at::kHalf));
+  TORCH_CHECK(q.is_contiguous() && sq.is_contiguous() && keys.stride(2) == 1 && values.stride(2) == 1);
+  TORCH_CHECK(lowest.is_contiguous() && anc.is_contiguous() && lowest.dtype() == at::kLong &&
+              anc.dtype() == at::kLong);
+  TORCH_CHECK(q.size(2) % kLanes == 0 && q.size(2) <= kLanes * kMaxChunks && block % kLanes == 0 && q.size(1) % keys.size(0) == 0);
+  if (keys.dtype() == at::kHalf)
+    return attend<c10::Half>(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block);
+  return attend<float>(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block);
+}

@@ -2,6 +2,8 @@
 // one AVX-512 register here, two AVX2 registers or four NEON registers elsewhere).
 #pragma once
 
+#include <c10/util/Half.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,6 +22,17 @@ inline v16 load(const float* p) {
   return x;
 }
 inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
+
+// 16 float16 values widened to float32: exact, so a value reads the same from either storage.
+inline v16 load(const c10::Half* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<v16>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#else
+  v16 x;
+  for (int64_t l = 0; l < kLanes; ++l) x[l] = static_cast<float>(p[l]);
+  return x;
+#endif
+}
 
 // a * b + c, rounded once, on every machine (one instruction where the CPU has it).
 inline v16 fma(v16 a, v16 b, v16 c) {

@@ -1,0 +1,98 @@
+"""A step of the embedded 4-bit model over a float32 and a float16 KV cache, interleaved in one process.
+
+    python benchmarks/kv_cache.py --contexts 8192,32768 --window 0 --threads 1 --out benchmarks/kv-cache.json
+
+Prefills the first N tokens of a book once (float32 storage), copies the cache into float16 storage
+(rounded as a run would store it), then times, alternately on each cache, a plain step (one token and
+its logits) and a forward of --nodes chained tokens (a tree's verification). Prints the median
+milliseconds, the ratios, the cache's bytes, and writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from tokenswift_cli.cache import FullCache
+from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig
+from tokenswift_cli.loading import load_model
+from tokenswift_cli.state import full_capacity, prefill
+from tokenswift_cli.target import Target
+
+BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
+
+
+def narrowed(full: FullCache, cfg: RunConfig, prefix: int) -> FullCache:
+    """A copy of `full` stored in float16, with the same capacity and window."""
+    copy = FullCache(len(full.layer_list), full_capacity(cfg, prefix), window=full.window, dtype=torch.float16)
+    for (start, end) in full.held():
+        if start > copy.length:
+            copy.skip_to(start)
+        for index in range(len(full.layer_list)):
+            copy.load_segment(index, *full.segment(index, start, end))
+    return copy
+
+
+def cache_bytes(full: FullCache) -> int:
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in full.layer_list)  # type: ignore[union-attr]
+
+
+def measure(target: Target, tokens: list[int], window: ContextWindow | None, nodes: int, repeats: int) -> dict:
+    cfg = RunConfig(max_new_tokens=64, mode="plain", window=window, kv_cache="model")
+    state = prefill(target, tokens, cfg)
+    caches = {"float32": state.full, "float16": narrowed(state.full, cfg, len(tokens))}
+    chain = torch.tensor(tokens[-nodes:])
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeats):
+        for name, cache in caches.items():
+            for rows in (1, nodes):
+                start = time.perf_counter()
+                forward = target.forward(chain[:rows], cache, exact=True)
+                target.logits(forward.hidden[-1:])
+                times.setdefault((name, rows), []).append(time.perf_counter() - start)
+    medians = {f"{name} x{rows}": 1000 * statistics.median(t) for (name, rows), t in times.items()}
+    return {
+        "context": len(tokens),
+        "window": window.size if window else None,
+        "median_ms": medians,
+        "cache_mib": {name: cache_bytes(cache) / 2**20 for name, cache in caches.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", default="8192,32768")
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--window", type=int, default=0, help="context window size (0: full context)")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(ModelSpec(dtype="float32", rope_scaling="none", weights="int4"))
+    target = Target(loaded.model)
+    assert target.native is not None, "the native decoder did not build"
+    book = loaded.tokenizer(BOOK.read_text(encoding="utf-8"))["input_ids"]
+    window = ContextWindow(size=args.window) if args.window else None
+    results = []
+    print(f"{args.threads} thread(s), window {args.window or 'none'}: median ms per forward (+ logits)")
+    print("| context | rows | float32 KV | float16 KV | ratio |")
+    print("| --- | --- | --- | --- | --- |")
+    for context in (int(c) for c in args.contexts.split(",")):
+        result = measure(target, book[:context], window, args.nodes, args.repeats)
+        results.append(result)
+        for rows in (1, args.nodes):
+            wide, narrow = result["median_ms"][f"float32 x{rows}"], result["median_ms"][f"float16 x{rows}"]
+            print(f"| {context} | {rows} | {wide:.1f} | {narrow:.1f} | {wide / narrow:.2f}x |", flush=True)
+        print(f"cache at {context}: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in result["cache_mib"].items()))
+    if args.out:
+        args.out.write_text(json.dumps({"threads": args.threads, "nodes": args.nodes, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
