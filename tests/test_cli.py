@@ -543,7 +543,9 @@ def test_a_bad_context_window_is_one_line(captured: dict[str, Any], prefix_file:
     assert_one_line_error(result, contains="bad token count")
 
 
-def test_kv_cache_flag_reaches_the_config_and_a_bad_one_is_one_line(captured: dict[str, Any], prefix_file: Path) -> None:
+def test_kv_cache_flag_reaches_the_config_and_a_bad_one_is_one_line(
+    captured: dict[str, Any], prefix_file: Path
+) -> None:
     assert cli("write", "--prefix", prefix_file, "--tokens", "10", "--kv-cache", "float16").exit_code == 0
     assert captured["write"]["config"].kv_cache == "float16"
     result = cli("write", "--prefix", prefix_file, "--tokens", "10", "--kv-cache", "int8")
