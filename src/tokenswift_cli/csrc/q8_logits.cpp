@@ -8,6 +8,7 @@
 
 #include "simd.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -18,6 +19,7 @@ using simd::kLanes;
 using simd::load;
 using simd::v16;
 typedef int8_t c16 __attribute__((vector_size(kLanes)));
+constexpr int64_t kRows = 8;  // rows per pass over a weight row: their accumulators stay in registers
 
 inline v16 widen(const int8_t* p) {  // 16 int8 values as floats (exact either way)
 #if defined(__AVX512F__)
@@ -46,14 +48,17 @@ at::Tensor q8_logits(const at::Tensor& hidden, const at::Tensor& values, const a
   at::parallel_for(0, vocab, 256, [&](int64_t begin, int64_t end) {
     for (int64_t v = begin; v < end; ++v) {
       const int8_t* row = q + v * size;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* h = x + r * size;
-        v16 acc = {};
+      for (int64_t r0 = 0; r0 < rows; r0 += kRows) {  // up to kRows rows share each widened group
+        const int64_t count = std::min(kRows, rows - r0);
+        v16 acc[kRows] = {};
         for (int64_t g = 0; g < groups; ++g) {
-          const v16 part = fma(widen(row + g * 32 + kLanes), load(h + g * 32 + kLanes), widen(row + g * 32) * load(h + g * 32));
-          acc = fma(d[v * groups + g] + v16{}, part, acc);
+          const v16 lo = widen(row + g * 32), hi = widen(row + g * 32 + kLanes), scale = d[v * groups + g] + v16{};
+          for (int64_t r = 0; r < count; ++r) {
+            const float* h = x + (r0 + r) * size + g * 32;
+            acc[r] = fma(scale, fma(hi, load(h + kLanes), lo * load(h)), acc[r]);
+          }
         }
-        logits[r * vocab + v] = simd::fold(acc);
+        for (int64_t r = 0; r < count; ++r) logits[(r0 + r) * vocab + v] = simd::fold(acc[r]);
       }
     }
   });

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -179,6 +180,15 @@ __attribute__((noinline)) void exp_block(const float* scores, float top, float* 
   }
 }
 
+// A float16 row widened into `out` (exact), `dim` a multiple of 16; returns `out`.
+inline const float* widen(const c10::Half* row, float* out, int64_t dim) {
+  for (int64_t c = 0; c < dim; c += kLanes) store(out + c, load(row + c));
+  return out;
+}
+inline const float* widen(const float* row, float*, int64_t) { return row; }
+template <typename T>
+constexpr bool kWidens = !std::is_same_v<T, float>;
+
 template <typename T>  // the cache's storage: float, or float16 widened as it is read
 struct Layout {
   int64_t rows, heads, kv, group, dim, block, sinks, stored, offset, committed, depths;
@@ -237,6 +247,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
       float* s = scores.data() + item * width * block;
       const float* const* queries = all_queries.data() + head * 2 * width;
       const T* keys16[kLanes];
+      std::vector<float> widened(kWidens<T> && width > kGroup ? kLanes * dim : 0);
       for (int64_t j = 0; j < block; j += kLanes) {
         bool whole = first + j >= sinks;  // 16 held positions past the sinks: 16 scores per query at once
         for (int64_t l = 0; l < kLanes && whole; ++l) {
@@ -245,8 +256,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           keys16[l] = whole ? at.key(head, row) : nullptr;
         }
         if (whole) {
-          for (int64_t lane = 0; lane < width; ++lane)
-            query_dots(queries[lane], keys16, dim, static_cast<float>(scaling), s + lane * block + j);
+          if (widened.empty()) {
+            for (int64_t lane = 0; lane < width; ++lane)
+              query_dots(queries[lane], keys16, dim, static_cast<float>(scaling), s + lane * block + j);
+          } else {  // many lanes read each key: widen the 16 keys once (exact), not once per lane
+            const float* wide16[kLanes];
+            for (int64_t l = 0; l < kLanes; ++l) wide16[l] = widen(keys16[l], widened.data() + l * dim, dim);
+            for (int64_t lane = 0; lane < width; ++lane)
+              query_dots(queries[lane], wide16, dim, static_cast<float>(scaling), s + lane * block + j);
+          }
           continue;
         }
         for (int64_t l = j; l < j + kLanes; ++l) {
@@ -284,8 +302,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
 
   std::vector<float> block_sum(at.kv * nb * width, 0.f), block_acc(at.kv * nb * width * dim, 0.f);
   at::parallel_for(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> weights(width * block);
+    std::vector<float> weights(width * block), widened_values;
     Held<T> held;
+    Held<float> wide_held;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       const float* s = scores.data() + item * width * block;
@@ -297,18 +316,29 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
       held.clear();  // the positions of the block some row sees, in order
       for (int64_t j = 0; j < block; ++j)
         if (const int64_t row = at.shared(first + j, min_lowest); row >= 0) held.push_back({j, at.value(head, row)});
-      for (int64_t lane0 = 0; lane0 < width; lane0 += kGroup) {  // kGroup lanes at a time, in registers
-        const int64_t lanes = std::min(kGroup, width - lane0);
-        const float* w[kGroup];
-        float* out[kGroup];
-        for (int64_t g = 0; g < lanes; ++g) {
-          w[g] = weights.data() + (lane0 + g) * block;
-          out[g] = acc + (lane0 + g) * dim;
+      auto value_lanes = [&](const auto& values) {
+        for (int64_t lane0 = 0; lane0 < width; lane0 += kGroup) {  // kGroup lanes at a time, in registers
+          const int64_t lanes = std::min(kGroup, width - lane0);
+          const float* w[kGroup];
+          float* out[kGroup];
+          for (int64_t g = 0; g < lanes; ++g) {
+            w[g] = weights.data() + (lane0 + g) * block;
+            out[g] = acc + (lane0 + g) * dim;
+          }
+          if (chunks == 4)
+            value_sums_of<4>(lanes, values, w, chunks, out, sum + lane0);
+          else
+            value_sums_of<0>(lanes, values, w, chunks, out, sum + lane0);
         }
-        if (chunks == 4)
-          value_sums_of<4>(lanes, held, w, chunks, out, sum + lane0);
-        else
-          value_sums_of<0>(lanes, held, w, chunks, out, sum + lane0);
+      };
+      if (kWidens<T> && width > kGroup) {  // several passes over the block's values: widen them once (exact)
+        widened_values.resize(held.size() * dim);
+        wide_held.clear();
+        for (size_t i = 0; i < held.size(); ++i)
+          wide_held.push_back({held[i].first, widen(held[i].second, widened_values.data() + i * dim, dim)});
+        value_lanes(wide_held);
+      } else {
+        value_lanes(held);
       }
       for (int64_t lane = 0; lane < width; ++lane) {  // then each row's ancestors, after every held position
         const int64_t r = lane / group;
