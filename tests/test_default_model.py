@@ -88,6 +88,7 @@ def test_write_with_every_default_equals_plain_mode() -> None:
     settings = sorted(Path(os.environ["TOKENSWIFT_HOME"], "runs").glob("run-*/settings.json"))[-1]
     recorded = json.loads(settings.read_text())
     assert recorded["model"]["spec"]["weights"] == "int4" and recorded["run_config"]["sampling"]["scripts"] == ["latin"]
+    assert recorded["run_config"]["kv_cache"] == "float16"  # "auto" where the C++ decoder reads it
     assert texts["tokenswift"] == texts["plain"] and len(texts["plain"]) > 200
 
 

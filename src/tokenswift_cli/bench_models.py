@@ -18,6 +18,7 @@ from .heads import DraftHeads, load_heads, shipped_heads
 from .options import parse_window
 from .rope import apply_rope, plan_rope
 from .run_model import fit_window
+from .state import kv_storage
 from .target import Target
 
 DEFAULT_PREFIX = Path(__file__).resolve().parents[3] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
@@ -187,7 +188,9 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
     text = prefix_tokens(request, tokenizer, needed)
     bench = Bench(target, heads, settings, _llama(request, settings))
 
+    stored = kv_storage(RunConfig(max_new_tokens=1, kv_cache=settings.kv_cache), target)  # "auto" resolved
     document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None, "rope": context,
+                "kv_cache": str(stored).removeprefix("torch."),
                 "command": " ".join(["tokenswift", *sys.argv[1:]])}  # fmt: skip
     done: list[Result] = []
 

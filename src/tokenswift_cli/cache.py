@@ -65,9 +65,8 @@ class PreallocatedLayer(CacheLayerMixin):
             self.lazy_initialization(like, like)
         self.reserve(self.stored + count)
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> int:
+        """Store keys/values after the stored rows (rounded to the storage dtype); returns the rows now written."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self.stored
@@ -76,6 +75,14 @@ class PreallocatedLayer(CacheLayerMixin):
         assert self.keys is not None and self.values is not None
         self.keys[:, :, start:end].copy_(key_states)
         self.values[:, :, start:end].copy_(value_states)
+        return end
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`write`, then every row written so far, in the dtype of `key_states` (the model's forward)."""
+        end = self.write(key_states, value_states)
+        assert self.keys is not None and self.values is not None
         keys, values = self.keys[:, :, :end], self.values[:, :, :end]
         if keys.dtype != key_states.dtype:  # a narrower storage, widened for the caller's arithmetic
             return keys.to(key_states.dtype), values.to(value_states.dtype)
@@ -207,7 +214,7 @@ class FullCache(_PreallocatedCache):
     def load_segment(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Append committed keys/values (restoring a checkpoint)."""
         layer = self.layer_list[layer_idx]
-        layer.update(keys, values)
+        layer.write(keys, values)
         layer.length += keys.shape[-2]
 
 
@@ -258,7 +265,7 @@ class PartialCache(_PreallocatedCache):
             )  # [kv_heads, sinks + selected]
             gather = index[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.length = 0
-            layer.update(keys.gather(2, gather), values.gather(2, gather))
+            layer.write(keys.gather(2, gather), values.gather(2, gather))
             layer.length = index.shape[-1]
             self._append(layer_idx, full, window_start, full.length)
 
@@ -270,5 +277,5 @@ class PartialCache(_PreallocatedCache):
     def _append(self, layer_idx: int, full: FullCache, start: int, end: int) -> None:
         layer = self.layer_list[layer_idx]
         keys, values = full.segment(layer_idx, start, end)
-        layer.update(keys, values)
+        layer.write(keys, values)
         layer.length += end - start

@@ -79,7 +79,8 @@ def row_attention(
 ) -> torch.Tensor:
     """Attention `[1, q, heads * d]` of rotated queries `[1, heads, q, d]` (float32, CPU).
 
-    `keys`/`values` `[1, kv, stored + q, d]`; `sink_query` scores the sinks (under a context window).
+    `keys`/`values` `[1, kv, stored + q, d]`, float32 or float16 (widened exactly as read); `sink_query`
+    scores the sinks (under a context window).
     """
     q_len, heads, dim = query.shape[2], query.shape[1], query.shape[3]
     rows = query[0].transpose(0, 1).contiguous()  # [q, heads, d]

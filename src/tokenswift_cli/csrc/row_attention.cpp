@@ -10,6 +10,8 @@
 //   not see have w = 0, which adds nothing; across blocks the sums are float64, in block order;
 // * products are summed by `fma` (one rounding) or as written: compiled with -ffp-contract=off, the
 //   compiler fuses nothing on its own, so the same sum is the same roundings wherever it is written.
+// The cache may store float16: each key and value is widened to float32 (exactly) before any
+// arithmetic, where it is read or, when many rows read it, once into a scratch copy; same bits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
