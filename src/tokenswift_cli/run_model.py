@@ -50,6 +50,7 @@ def load_run_model(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Cal
     The rotary embedding is loaded as `spec` says; `fit_rope` sizes an "auto"/"yarn" one to the run.
     """
     note(f"loading model {spec.name} ({spec.device})")
+    memory.give_back_large_blocks()
     loaded = load_model(spec)
     if loaded.tokenizer is None:
         raise ModelLoadError(f"the model {spec.name} has no tokenizer files")
@@ -99,7 +100,7 @@ def fit_rope(model: RunModel, spec: ModelSpec, total_tokens: int, note: Callable
     return dataclasses.replace(model, settings={**model.settings, "spec": asdict(resolved)})
 
 
-WINDOWED_PREFILL_CHUNK = 128
+WINDOWED_PREFILL_CHUNK = 64
 
 
 def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) -> RunConfig:
@@ -117,7 +118,8 @@ def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) 
     if choice is None:
         return config.replace(window=None)
     # A long run's prefill in short chunks: a 512-token chunk over a 4K window held ~300 MiB of
-    # attention temporaries at its peak, a 128-token one ~50 MiB, and prefilled as fast (measured).
+    # attention temporaries at its peak, a 128-token one ~50 MiB, a 64-token one half that, for 3%
+    # more prefill time (measured: benchmarks/README.md).
     return config.replace(window=choice, prefill_chunk=min(config.prefill_chunk, WINDOWED_PREFILL_CHUNK))
 
 
