@@ -13,7 +13,7 @@ import torch
 from .bench import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
 from .bench_llamacpp import LlamaCpp, gguf_file
 from .bench_llamacpp import available as llama_available
-from .config import DEFAULT_SINKS, KV_CACHES, AutoWindow, ContextWindow, DraftConfig, KVCache, ModelSpec, RunConfig
+from .config import DEFAULT_SINKS, AutoWindow, ContextWindow, DraftConfig, KVCache, ModelSpec, RunConfig
 from .heads import DraftHeads, load_heads, shipped_heads
 from .options import parse_window
 from .rope import apply_rope, plan_rope
@@ -76,12 +76,10 @@ class BenchRequest:
         if self.quick:
             changes.update(partial_budget=64, sink_tokens=4, recent_window=16)
         draft = dataclasses.replace(draft, **changes).drafting(self.draft)  # a ConfigError is a ValueError
-        if self.kv_cache not in KV_CACHES:
-            raise ValueError(f"unknown KV cache {self.kv_cache!r}: use {', '.join(KV_CACHES)}")
+        kv_cache = RunConfig(max_new_tokens=1, kv_cache=cast(KVCache, self.kv_cache)).kv_cache  # RunConfig's check
         return BenchSettings(
-            self.cases(), self.chosen_methods(), sampling, draft, self.repeats, window=window,
-            kv_cache=cast(KVCache, self.kv_cache),
-        )  # fmt: skip
+            self.cases(), self.chosen_methods(), sampling, draft, self.repeats, window=window, kv_cache=kv_cache
+        )
 
 
 def quick_model(seed: int = 0) -> Any:

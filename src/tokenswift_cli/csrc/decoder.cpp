@@ -8,7 +8,6 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
-#include <cstring>
 #include <optional>
 #include <vector>
 

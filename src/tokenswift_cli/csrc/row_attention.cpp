@@ -244,12 +244,12 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
   // Per (kv head, block): scores, then after the max over all blocks, weights and sums.
   std::vector<float> scores(at.kv * nb * width * block, kNegInf), block_top(at.kv * nb * width, kNegInf);
   at::parallel_for(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> widened(kWidens<T> && width > kGroup ? kLanes * dim : 0);  // 16 keys, widened once
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       float* s = scores.data() + item * width * block;
       const float* const* queries = all_queries.data() + head * 2 * width;
       const T* keys16[kLanes];
-      std::vector<float> widened(kWidens<T> && width > kGroup ? kLanes * dim : 0);
       for (int64_t j = 0; j < block; j += kLanes) {
         bool whole = first + j >= sinks;  // 16 held positions past the sinks: 16 scores per query at once
         for (int64_t l = 0; l < kLanes && whole; ++l) {
