@@ -20,8 +20,9 @@ SAMPLED = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window
         DraftConfig(source="verify", **SMALL),
         DraftConfig(source="verify", tree=(2, 2), ngram_top_k=None),
         DraftConfig(auto=True, **SMALL),
+        DraftConfig(source="lookup", lookup_length=12),
     ],  # fmt: skip
-    ids=["verify", "verify-heads-only", "auto"],
+    ids=["verify", "verify-heads-only", "auto", "lookup"],
 )
 def test_new_variants_match_plain(sampling: SamplingConfig, draft: DraftConfig) -> None:
     target = tiny_target("llama-gqa", seed=3)
@@ -34,7 +35,7 @@ def test_new_variants_match_plain(sampling: SamplingConfig, draft: DraftConfig) 
         assert stats.generated == 160
 
 
-@pytest.mark.parametrize("source", ["verify", "ngram"])
+@pytest.mark.parametrize("source", ["verify", "ngram", "lookup"])
 def test_root_keyed_ngram_drafts_are_accepted_on_repetitive_text(source: str) -> None:
     target = tiny_target("qwen2", seed=1)
     prompt = random_prompt(12, seed=2) * 6  # the table has seen every continuation
@@ -48,8 +49,11 @@ def test_root_keyed_ngram_drafts_are_accepted_on_repetitive_text(source: str) ->
 def test_plans_of_auto_mode() -> None:
     cfg = RunConfig(max_new_tokens=10, draft=DraftConfig(auto=True))
     plans = candidate_plans(cfg, num_heads=3)
-    assert [p.source for p in plans] == ["plain", "ngram", "verify", "verify", "pass", "pass"]
+    assert [p.source for p in plans] == ["plain", "ngram", "lookup", "lookup", "verify", "verify", "pass", "pass"]
+    assert [p.depth_cap for p in plans[2:4]] == [4, 16]  # the short lookup first
     assert plans[0].depth_cap == 0 and all(p.depth_cap > 0 for p in plans[1:])
+    no_lookup = RunConfig(max_new_tokens=10, draft=DraftConfig(auto=True, lookup_length=None))
+    assert "lookup" not in [p.source for p in candidate_plans(no_lookup, num_heads=3)]
     assert candidate_plans(RunConfig(max_new_tokens=10), num_heads=3) == [Plan("pass", DraftConfig())]
     assert [p.source for p in candidate_plans(RunConfig(max_new_tokens=10, mode="plain"), num_heads=3)] == ["plain"]
 

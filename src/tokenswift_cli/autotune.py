@@ -23,12 +23,14 @@ from dataclasses import dataclass
 
 from .config import DraftConfig, RunConfig
 
+LOOKUP_SHORT = 4  # the short lookup's length: probed before the long one, which pays only where it does
+
 
 @dataclass(frozen=True)
 class Plan:
     """How one iteration drafts: `source` "plain" verifies the root alone (a plain decoding step)."""
 
-    source: str  # "plain", "pass", "verify" or "ngram"
+    source: str  # "plain", "pass", "verify", "ngram" or "lookup"
     draft: DraftConfig
 
     @property
@@ -38,6 +40,8 @@ class Plan:
             return 0
         if self.source == "ngram":
             return self.draft.ngram_size - 1 if self.draft.ngram_top_k else 0
+        if self.source == "lookup":
+            return self.draft.lookup_length or 0
         return max(len(self.draft.tree), self.draft.ngram_size if self.draft.ngram_top_k else 0)
 
     @property
@@ -46,12 +50,15 @@ class Plan:
             return "plain"
         if self.source == "ngram":
             return f"ngram{self.draft.ngram_top_k or 0}"
+        if self.source == "lookup":
+            return f"lookup{self.draft.lookup_length or 0}"
         tree = ",".join(map(str, self.draft.tree))
         return f"{self.source}[{tree}]+ngram{self.draft.ngram_top_k or 0}"
 
 
 def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
-    """The configured plan, or with `auto`: plain steps, n-grams alone, and small and full drafts of both sources."""
+    """The configured plan, or with `auto`: plain steps, n-grams alone, short and long lookups, and small
+    and full drafts of both sources (each smaller draft before the larger one of its source)."""
     draft = cfg.draft
     if cfg.mode == "plain":
         return [Plan("plain", draft)]
@@ -63,7 +70,11 @@ def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
     verify_small = dataclasses.replace(draft, tree=(1,) * max(num_heads, 1), ngram_top_k=1)
     verify_full = dataclasses.replace(draft, tree=draft.tree[1:] or (1,), ngram_top_k=full_k)
     ngram_only = dataclasses.replace(draft, ngram_top_k=1)  # the cheapest draft: prompt lookup's
-    plans = [Plan("plain", draft), Plan("ngram", ngram_only), Plan("verify", verify_small), Plan("verify", verify_full)]
+    plans = [Plan("plain", draft), Plan("ngram", ngram_only)]
+    if draft.lookup_length is not None:
+        short = dataclasses.replace(draft, lookup_length=min(draft.lookup_length, LOOKUP_SHORT))
+        plans += [Plan("lookup", short)] + ([Plan("lookup", draft)] if draft.lookup_length > LOOKUP_SHORT else [])
+    plans += [Plan("verify", verify_small), Plan("verify", verify_full)]
     return plans + [Plan("pass", small), Plan("pass", full)]
 
 
@@ -167,3 +178,22 @@ class Tuner:
     def summary(self) -> dict[str, float]:
         """Measured tokens/s of each plan."""
         return {a.plan.name: a.rate for a in self.arms}
+
+
+class Tuners:
+    """One tuner per kind of iteration: while the text repeats a stretch of itself (`lookup.Match`),
+    a long lookup may commit a dozen tokens per step where nothing else pays, and measurements made
+    on fresh prose would hide that for hundreds of iterations."""
+
+    def __init__(self, plans: Sequence[Plan], **options: float) -> None:
+        self._plans, self._options = list(plans), options
+        self._tuners: dict[bool, Tuner] = {}
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, *, num_heads: int) -> Tuners:
+        return cls(candidate_plans(cfg, num_heads=num_heads))
+
+    def __getitem__(self, repeating: bool) -> Tuner:
+        if repeating not in self._tuners:
+            self._tuners[repeating] = Tuner(self._plans, **self._options)  # type: ignore[arg-type]
+        return self._tuners[repeating]

@@ -36,6 +36,7 @@ from .config import (
 from .defaults import default_sampling
 from .options import (
     DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_LOOKUP,
     DEFAULT_NGRAM_TOP_K,
     DEFAULT_PARTIAL_BUDGET,
     DEFAULT_TREE,
@@ -50,6 +51,7 @@ from .options import (
     EtaOpt,
     HeadsOpt,
     KVCacheOpt,
+    LookupOpt,
     MinPOpt,
     ModelOpt,
     ModeOpt,
@@ -220,6 +222,7 @@ def write(
     ngram_top_k: NGramTopKOpt = DEFAULT_NGRAM_TOP_K,
     partial_budget: PartialBudgetOpt = DEFAULT_PARTIAL_BUDGET,
     draft: DraftOpt = "auto",
+    lookup: LookupOpt = DEFAULT_LOOKUP,
     out: OutOpt = None,
     checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_EVERY,
     runs_dir: RunsDirOpt = None,
@@ -241,8 +244,9 @@ def write(
         if dry == 0:  # "0 = off", also when the model's defaults turn DRY on
             sampling = dataclasses.replace(sampling, dry_multiplier=None)
         drafting = DraftConfig(
-            tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget)
-        ).drafting(draft)
+            tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget),
+            lookup_length=off_if_zero(lookup),
+        ).drafting(draft)  # fmt: skip
         # The Literal-typed fields are checked by the configs themselves (one-line ConfigError).
         config = RunConfig(
             max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,

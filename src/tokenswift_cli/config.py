@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 
 Mode = Literal["tokenswift", "plain"]
-DraftSource = Literal["pass", "verify", "ngram"]
+DraftSource = Literal["pass", "verify", "ngram", "lookup"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
 Weights = Literal["auto", "dense", "int4"]
 KVCache = Literal["auto", "model", "float16"]
 KV_CACHES = ("auto", "model", "float16")
-DRAFT_SOURCES = ("pass", "verify", "ngram")
+DRAFT_SOURCES = ("pass", "verify", "ngram", "lookup")
 DRAFT_CHOICES = ("auto", *DRAFT_SOURCES)
 
 
@@ -103,9 +103,11 @@ class DraftConfig:
     dropped. `partial_budget` None drafts on the full cache.
     `source` "pass" drafts with a forward of the root on the partial cache (the paper), "verify" from
     the verification pass's hidden state (Medusa-style, no extra forward; see draft.py), "ngram" from
-    the n-gram table alone (the root's continuations, as prompt lookup does: no heads). `auto` lets
-    autotune.py pick per iteration, from measured tokens/s, among plain steps, n-grams alone, and
-    smaller and larger drafts of both sources; every choice writes the same text.
+    the n-gram table alone (the root's continuations: no heads), "lookup" a chain of up to
+    `lookup_length` tokens, what followed the latest longest earlier match of the text's end
+    (lookup.py; None: off). `auto` lets autotune.py pick per iteration, from measured tokens/s, among
+    plain steps, n-grams alone, lookups, and smaller and larger drafts of both sources; every choice
+    writes the same text.
     """
 
     tree: tuple[int, ...] = (1, 3, 3, 3)
@@ -116,14 +118,17 @@ class DraftConfig:
     recent_window: int = 256
     source: DraftSource = "pass"
     auto: bool = False
+    lookup_length: int | None = 16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tree", tuple(int(w) for w in self.tree))
-        _check(self.source in DRAFT_SOURCES, f"unknown draft source {self.source!r}: use pass, verify or ngram")
+        _check(self.source in DRAFT_SOURCES, f"unknown draft source {self.source!r}: use pass, verify, ngram or lookup")
         _check(len(self.tree) >= 1 and all(w >= 1 for w in self.tree), "tree widths must be >= 1, e.g. 1,3,3,3")
         _check(self.ngram_top_k is None or self.ngram_top_k >= 1, "n-gram top-k must be >= 1")
         _check(self.source != "ngram" or self.ngram_top_k is not None, "drafting from n-grams needs --ngram-top-k >= 1")
         _check(self.ngram_size >= 2, "n-gram size must be >= 2")
+        _check(self.lookup_length is None or self.lookup_length >= 1, "lookup length must be >= 1")
+        _check(self.source != "lookup" or self.lookup_length is not None, "drafting by lookup needs --lookup >= 1")
         _check(self.sink_tokens >= 0, "sink tokens must be >= 0")
         _check(self.recent_window >= 2, "recent window must be >= 2")
         if self.partial_budget is not None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .autotune import Plan, Tuner
+from .autotune import Plan, Tuners
 from .config import RunConfig
 from .draft import candidates, propose
 from .heads import DraftHeads
@@ -43,12 +43,15 @@ def generate(
 ) -> Iterator[StepEvent]:
     """Extend `state` until `cfg.max_new_tokens` (or an end-of-sequence token); one event per iteration."""
     stats, device = state.stats, target.device
-    tuner = Tuner.for_run(cfg, num_heads=heads.num_heads if heads is not None else 0)
+    tuners = Tuners.for_run(cfg, num_heads=heads.num_heads if heads is not None else 0)
     leaf: torch.Tensor | None = None  # pre-norm state of the node that drew the root
     while not state.finished(cfg):
-        plan, started = tuner.next(), time.perf_counter()
-        with stats.phase("draft", device):  # 1. draft pass on the partial cache, or from the last verification
-            drafts = propose(target, heads, state, plan, leaf=leaf, sampling=cfg.sampling)
+        started = time.perf_counter()
+        match = state.lookup.match(state.tokens, state.root)  # where the text's end occurred before
+        tuner = tuners[match.repeating]
+        plan = tuner.next()
+        with stats.phase("draft", device):  # 1. draft pass, or from the last verification, or a lookup
+            drafts = propose(target, heads, state, plan, leaf=leaf, match=match, sampling=cfg.sampling)
         with stats.phase("candidates"):  # 2. template + n-gram candidates merged into one trie
             tree = candidates(state.root, drafts, state.ngrams, plan.draft)
         with stats.phase("verify", device):  # 3. one forward over the trie against the full cache

@@ -10,6 +10,8 @@ own logits drew the root), so head i proposes depth i below the root; n-grams co
 On a CPU the draft pass costs about as much as a plain step, which this variant saves. The
 "ngram" variant drafts from the n-gram table alone (prompt lookup in TokenSwift's loop): no heads,
 whose vocabulary-wide logits cost a CPU more than a short draft gains when the text repeats itself.
+The "lookup" variant drafts a chain: what followed the latest earlier match of the text's end
+(lookup.py), long where the text repeats whole stretches.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .autotune import Plan
 from .cache import _PreallocatedCache
 from .config import DraftConfig, SamplingConfig
 from .heads import DraftHeads
+from .lookup import NO_MATCH, Match
 from .ngram import NGramTable
 from .sampling import target_scores
 from .state import GenerationState
@@ -35,10 +38,12 @@ class Drafts:
     """Top candidate tokens per depth below the root: level 1 from the base logits, then one per head.
 
     `ngram_key` "level1" extends each level-1 token with n-grams (the paper), "root" the root itself.
+    `chain` is a lookup's draft after the root.
     """
 
     levels: tuple[tuple[int, ...], ...]
     ngram_key: str = "level1"
+    chain: tuple[int, ...] = ()
 
 
 def _top_levels(
@@ -104,23 +109,29 @@ def propose(
     plan: Plan,
     *,
     leaf: torch.Tensor | None,
+    match: Match = NO_MATCH,
     sampling: SamplingConfig,
 ) -> Drafts | None:
-    """The drafts of one iteration as `plan` says: none (plain step), a draft pass, or from `leaf`."""
+    """The drafts of one iteration as `plan` says: none (plain step), a draft pass, from `leaf`, or `match`'s."""
     kwargs = {"history": state.tokens, "cfg": plan.draft, "sampling": sampling}
     if plan.source == "plain":
         return None
     if plan.source == "ngram":
         return Drafts(levels=(), ngram_key="root")
+    if plan.source == "lookup":  # nothing to look up (the root never occurred): a plain step
+        chain = match.draft(plan.draft.lookup_length or 0)
+        return Drafts(levels=(), chain=chain) if chain else None
     if plan.source == "verify":
         return draft_from_verify(target, heads, state.root, leaf, **kwargs)  # type: ignore[arg-type]
     return draft(target, heads, state.root, state.draft_cache(), **kwargs)  # type: ignore[arg-type]
 
 
 def candidates(root: int, drafts: Drafts | None, ngrams: NGramTable, cfg: DraftConfig) -> Tree:
-    """The trie of the template combinations and, for each level-1 token, its top n-gram paths."""
+    """The trie of the template combinations and, for each level-1 token, its top n-gram paths (or a lookup's chain)."""
     if drafts is None:
         return build_tree(root, [])
+    if drafts.chain:
+        return build_tree(root, [], [drafts.chain])
     ngram_paths: list[tuple[int, ...]] = []
     if cfg.ngram_top_k is not None and drafts.ngram_key == "root":
         ngram_paths = list(ngrams.top(root, cfg.ngram_top_k))

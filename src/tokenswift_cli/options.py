@@ -206,7 +206,15 @@ DraftOpt = Annotated[
     str,
     typer.Option(
         "--draft", help="auto (plan tuned from measured speed, never much slower than plain), pass (the paper's "
-        "draft forward), verify (drafts from the verification pass) or ngram (the n-gram table alone).",
+        "draft forward), verify (drafts from the verification pass), ngram (the n-gram table alone) or lookup "
+        "(what followed the latest earlier match of the text's end).",
+        rich_help_panel=_ACCEL,
+    ),
+]  # fmt: skip
+LookupOpt = Annotated[
+    int,
+    typer.Option(
+        "--lookup", min=0, help="Longest lookup draft (tokens that followed an earlier match); 0 = off.",
         rich_help_panel=_ACCEL,
     ),
 ]  # fmt: skip
@@ -253,3 +261,4 @@ SAMPLING_DEFAULTS = _SAMPLING
 DEFAULT_TREE = ",".join(str(w) for w in _DRAFT.tree)
 DEFAULT_NGRAM_TOP_K = _DRAFT.ngram_top_k or 0
 DEFAULT_PARTIAL_BUDGET = _DRAFT.partial_budget or 0
+DEFAULT_LOOKUP = _DRAFT.lookup_length or 0

@@ -10,6 +10,7 @@ import torch
 from . import memory
 from .cache import FullCache, PartialCache, _PreallocatedCache
 from .config import ConfigError, RunConfig
+from .lookup import TextLookup
 from .metrics import Stats
 from .ngram import NGramTable
 from .sampling import choose
@@ -32,6 +33,7 @@ class GenerationState:
     ngrams: NGramTable
     stats: Stats = field(default_factory=Stats)
     eos_seen: bool = False
+    lookup: TextLookup = field(default_factory=TextLookup)  # reads `tokens`: nothing to save
 
     @property
     def generated(self) -> list[int]:

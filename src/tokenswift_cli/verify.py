@@ -30,18 +30,25 @@ class NodeLogits:
 
     The lm_head over the whole vocabulary costs about one weight read per call and grows with the
     rows on a CPU, while the walk visits only the accepted nodes + 1. A visit computes its node and
-    that node's children together, so the next step of the walk is already there.
+    that node's children together, so the next step of the walk is already there; down a chain (a
+    lookup's draft) each visit reaches twice as far as the last, since a walk that got that far
+    often goes on (2, 4, 8 then 16 rows: 16 rows cost ~4x one here, not 16x).
     """
 
     def __init__(self, target: Target, tree: Tree, hidden: torch.Tensor) -> None:
         self._target, self._tree, self._hidden = target, tree, hidden  # hidden: [nodes, hidden]
         self._rows: dict[int, torch.Tensor] = {}
+        self._reach = 2
 
     def __getitem__(self, node: int) -> torch.Tensor:
         """Float32 logits `[vocab]` of `node`."""
         if node not in self._rows:
-            batch = [node, *(c for c in self._tree.children[node].values() if c not in self._rows)]
+            children = self._tree.children
+            batch = [node, *(c for c in children[node].values() if c not in self._rows)]
+            while len(batch) < min(self._reach, LOGITS_BATCH) and len(children[batch[-1]]) == 1:
+                batch.append(next(iter(children[batch[-1]].values())))  # down the chain
             batch = batch[:LOGITS_BATCH]
+            self._reach *= 2
             logits = self._target.logits(self._hidden[batch])  # [len(batch), vocab]
             self._rows.update(zip(batch, logits, strict=True))
         return self._rows[node]

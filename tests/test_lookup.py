@@ -1,0 +1,75 @@
+"""Prompt lookup: the draft is what followed the latest longest earlier match, round the loop again."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import first_divergence, random_prompt, tiny_target
+
+from tokenswift_cli.autotune import Plan, Tuners
+from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
+from tokenswift_cli.decode import generate_tokens
+from tokenswift_cli.lookup import REPEATING, TextLookup
+
+
+def test_a_loop_is_followed_round_as_often_as_the_draft_is_long() -> None:
+    match = TextLookup().match([1, 2, 3, 4, 5, 1, 2, 3], root=4)
+    assert (match.period, match.length) == (5, 3)
+    assert match.draft(10) == (5, 1, 2, 3, 4, 5, 1, 2, 3, 4)
+    assert TextLookup().match([7, 7, 7], root=7).draft(4) == (7, 7, 7, 7)  # period 1
+
+
+def test_the_longest_match_wins_then_the_latest() -> None:
+    # the root 1 occurs at 2 (after 5, 2) and at 6 (after 3): the text ends with 8, 2, so 2 matches one more
+    assert TextLookup().match([5, 2, 1, 2, 9, 3, 1, 2, 8, 2], root=1).draft(3) == (2, 9, 3)
+    # equally long (no token before matches): the latest
+    assert TextLookup().match([5, 1, 2, 9, 1, 2, 8, 3, 2], root=1).draft(3) == (2, 8, 3)
+
+
+def test_no_earlier_occurrence_drafts_nothing() -> None:
+    match = TextLookup().match([1, 2, 3], root=9)
+    assert match.draft(5) == () and not match.repeating
+
+
+def test_a_long_period_drafts_only_what_followed() -> None:
+    lookup = TextLookup(max_draft=4)
+    match = lookup.match([1, 2, 3, 4, 5, 6, 7, 8, 9, 0], root=1)
+    assert match.draft(16) == (2, 3, 4, 5)  # the period (10) is longer than what was kept
+
+
+def test_repeating_needs_a_long_match() -> None:
+    text = list(range(100, 100 + REPEATING + 2))
+    assert TextLookup().match(text + text[:REPEATING], root=text[REPEATING]).repeating
+    assert not TextLookup().match(text + text[: REPEATING - 1], root=text[REPEATING - 1]).repeating
+
+
+def test_the_mirror_follows_a_growing_text() -> None:
+    lookup, tokens = TextLookup(), [3, 1, 4, 1, 5]
+    assert lookup.match(tokens, root=9).draft(1) == ()
+    tokens += [9, 2] * 700  # grows past the mirror's first allocation
+    assert lookup.match(tokens, root=9).draft(3) == (2, 9, 2)
+
+
+SAMPLED = SamplingConfig(temperature=1.0, seed=3)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLED], ids=["greedy", "sampled"])
+def test_lookup_drafts_are_lossless_and_accepted_whole_on_a_loop(sampling: SamplingConfig) -> None:
+    target = tiny_target("llama-mha", seed=2)
+    prompt = random_prompt(10, seed=6) * 8  # the tiny model copies the loop: the lookup's draft is right
+    cfg = RunConfig(max_new_tokens=160, sampling=sampling, draft=DraftConfig(source="lookup", lookup_length=16))
+    fast, stats = generate_tokens(target, None, prompt, cfg)
+    plain, _ = generate_tokens(target, None, prompt, RunConfig(max_new_tokens=160, mode="plain", sampling=sampling))
+    assert first_divergence(fast, plain) is None
+    if sampling.greedy:
+        assert stats.mean_accepted > 4
+
+
+def test_repeating_text_is_tuned_apart() -> None:
+    tuners = Tuners([Plan("plain", DraftConfig()), Plan("lookup", DraftConfig(source="lookup"))], probe=2, period=10)
+    for _ in range(30):  # fresh prose: plain steps pay
+        plan = tuners[False].next()
+        tuners[False].record(plan, 1, 0.01 if plan.source == "plain" else 0.04)
+    for _ in range(30):  # a loop: the lookup commits 17 tokens in 4 steps' time
+        plan = tuners[True].next()
+        tuners[True].record(plan, 17 if plan.source == "lookup" else 1, 0.04 if plan.source == "lookup" else 0.01)
+    assert tuners[False].next().source == "plain" and tuners[True].next().source == "lookup"
