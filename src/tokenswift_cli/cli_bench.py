@@ -55,7 +55,7 @@ def bench_command(
     sampling: Annotated[str, typer.Option(help="'paper' (T=1, min-p 0.1, penalty 1.2 / 1024) or 'greedy'.")] = "paper",
     seed: Annotated[int, typer.Option(help="Seed of the position-keyed random stream.")] = 0,
     draft: Annotated[
-        str, typer.Option(help="TokenSwift drafting: auto, pass (paper), verify (Medusa-style) or ngram.")
+        str, typer.Option(help="TokenSwift drafting: auto, pass (paper), verify (Medusa-style), ngram or lookup.")
     ] = "auto",
     tree: Annotated[str | None, typer.Option(help="Tree template, e.g. 1,3,3,3 (default: the engine's).")] = None,
     ngram_top_k: Annotated[int | None, typer.Option(help="N-gram candidates per key; 0 = off.")] = None,

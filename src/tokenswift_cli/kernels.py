@@ -1,7 +1,8 @@
 """The C++ kernels (csrc/), built with the machine's compiler on first use and cached.
 
 torch's extension loader compiles them with ninja (about a minute) into the cache folder, keyed by
-the sources, flags and torch version; a later process loads the cached build at once. Without a
+the sources (their bytes and where they are), flags and torch version; a later process loads the
+cached build at once. Without a
 compiler `available()` is False, a warning is logged once, and the callers keep their torch code.
 """
 
@@ -55,6 +56,9 @@ def load() -> ModuleType:
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode())
     digest.update(torch.__version__.encode())
+    # ninja's build file names the sources by path: two checkouts sharing one folder would rebuild
+    # each other's kernels at every load
+    digest.update(str(SOURCES[0].parent.resolve()).encode())
     name = f"tokenswift_kernels_{digest.hexdigest()[:12]}"
     build = cache_dir() / "kernels" / name
     build.mkdir(parents=True, exist_ok=True)
