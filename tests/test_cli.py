@@ -133,7 +133,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--seed", "9", "--mode", "plain", "--tree", "1,2,2", "--draft", "verify", "--threads", "1",
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
-        "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4",
+        "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4", "--lookup", "24",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -149,7 +149,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         dry_base=1.3,
         scripts=("greek", "latin"),
     )
-    draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify")
+    draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify", lookup_length=24)
     assert captured["write"] == {
         "prefix": PREFIX,
         "config": RunConfig(
@@ -223,6 +223,7 @@ def test_bad_token_counts_are_one_line(captured: dict[str, Any], prefix_file: Pa
         (("--device", "tpu"), "device"),
         (("--rope-scaling", "linear"), "rope scaling"),
         (("--draft", "fast"), "drafting"),
+        (("--draft", "lookup", "--lookup", "0"), "lookup"),
         (("--threads", "0"), "threads"),
         (("--scripts", "latin,klingon"), "unknown script klingon"),
         (("--scripts", ","), "unknown script"),
