@@ -76,9 +76,15 @@ def main() -> None:
     prefix = loaded.tokenizer.decode(prompt)
     cfg = bind_scripts(suppress_eos(fit_window(cfg, spec, target, len(prompt)), loaded.eos_ids), loaded, prefix)
     state = prefill(target, prompt, cfg)
-    kv_mib = sum(
-        t.numel() * t.element_size() for layer in state.full.layer_list for t in (layer.keys, layer.values) if t is not None
-    ) / MIB
+    kv_mib = (
+        sum(
+            t.numel() * t.element_size()
+            for layer in state.full.layer_list
+            for t in (layer.keys, layer.values)
+            if t is not None
+        )
+        / MIB
+    )
     stage(f"prefilled {len(prompt)} tokens (window {cfg.window})", kv_mib=kv_mib)
 
     started = time.perf_counter()
@@ -98,7 +104,9 @@ def main() -> None:
     for s in stages:
         print(f"{s['stage']:<58} {s['VmRSS']:6.0f} {s['VmHWM']:6.0f} {s['RssAnon']:6.0f} {s['RssFile']:6.0f}")
     bound = (model_mib + kv_mib) * 1.2
-    print(f"model tensors {model_mib:.0f} MiB, KV cache as allocated {kv_mib:.0f} MiB: (model + KV) x 1.2 = {bound:.0f}")
+    print(
+        f"model tensors {model_mib:.0f} MiB, KV cache as allocated {kv_mib:.0f} MiB: (model + KV) x 1.2 = {bound:.0f}"
+    )
     print(f"peak above the imports: {peak - base:.0f} MiB ({'within' if peak - base <= bound else 'above'} it)")
     if args.json:
         summary = {"model_mib": model_mib, "kv_mib": kv_mib, "imports_mib": base, "peak_mib": peak}

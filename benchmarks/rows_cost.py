@@ -57,7 +57,9 @@ def main() -> None:
         "context": args.context, "window": args.window, "threads": args.threads,
         "kv_storage": str(state.full.storage_dtype), "ms": {r: 1000 * statistics.median(t) for r, t in times.items()},
     }  # fmt: skip
-    print(f"context {args.context}, window {args.window or 'none'}, {args.threads} threads, KV {state.full.storage_dtype}")
+    print(
+        f"context {args.context}, window {args.window or 'none'}, {args.threads} threads, KV {state.full.storage_dtype}"
+    )
     print("| rows | ms | x one row |")
     print("| --- | --- | --- |")
     for r, t in times.items():

@@ -19,21 +19,21 @@ def test_a_loop_is_followed_round_as_often_as_the_draft_is_long() -> None:
 
 
 def test_the_longest_match_wins_then_the_latest() -> None:
-    # the root 1 occurs at 2 (after 5, 2) and at 6 (after 3): the text ends with 8, 2, so 2 matches one more
-    assert TextLookup().match([5, 2, 1, 2, 9, 3, 1, 2, 8, 2], root=1).draft(3) == (2, 9, 3)
-    # equally long (no token before matches): the latest
-    assert TextLookup().match([5, 1, 2, 9, 1, 2, 8, 3, 2], root=1).draft(3) == (2, 8, 3)
+    # the text ends 8, 7, 5, 2 + root 1: "5, 2, 1" occurs after 7 (4 tokens match) and after 9 (3 match)
+    assert TextLookup().match([7, 5, 2, 1, 4, 9, 5, 2, 1, 6, 8, 7, 5, 2], root=1).draft(3) == (4, 9, 5)
+    # equally long: the latest
+    assert TextLookup().match([5, 2, 1, 4, 5, 2, 1, 6, 3, 5, 2], root=1).draft(3) == (6, 3, 5)
 
 
-def test_no_earlier_occurrence_drafts_nothing() -> None:
-    match = TextLookup().match([1, 2, 3], root=9)
+def test_fewer_than_three_matching_tokens_draft_nothing() -> None:
+    assert TextLookup().match([1, 2, 3], root=9).draft(5) == ()
+    match = TextLookup().match([4, 1, 2, 5, 1], root=2)  # "1, 2" occurred, "5, 1, 2" did not
     assert match.draft(5) == () and not match.repeating
 
 
 def test_a_long_period_drafts_only_what_followed() -> None:
-    lookup = TextLookup(max_draft=4)
-    match = lookup.match([1, 2, 3, 4, 5, 6, 7, 8, 9, 0], root=1)
-    assert match.draft(16) == (2, 3, 4, 5)  # the period (10) is longer than what was kept
+    match = TextLookup(max_draft=4).match([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], root=3)
+    assert match.period == 9 and match.draft(16) == (4, 5, 6, 7)  # the period is longer than what was kept
 
 
 def test_repeating_needs_a_long_match() -> None:

@@ -47,36 +47,58 @@ NO_MATCH = Match(follow=(), length=0, period=0)
 
 
 class TextLookup:
-    """Finds where the text's last tokens occurred before, in the committed tokens (append-only)."""
+    """Finds where the text's last tokens occurred before, in the committed tokens (append-only).
+
+    Each position keeps the key of the 3 tokens ending there, so that one comparison over the text
+    finds the earlier occurrences of its last 3 tokens (the root included); the longest match among
+    the latest `CANDIDATES` of them wins. Shorter repeats draft nothing: they predict prose badly.
+    """
+
+    KEY = 3  # tokens a match needs at least
+    CANDIDATES = 256  # the latest occurrences compared further back (a loop of one token has thousands)
 
     def __init__(self, max_match: int = 16, max_draft: int = 64) -> None:
         self.max_match, self.max_draft = max_match, max_draft
-        self._text = torch.empty(0, dtype=torch.int32)
+        self._text = torch.empty(0, dtype=torch.long)
+        self._keys = torch.empty(0, dtype=torch.long)  # [i]: the 3 tokens ending at i, or -1
         self._length = 0
 
-    def _sync(self, tokens: Sequence[int]) -> torch.Tensor:
-        """The committed tokens as a tensor; the mirror grows geometrically."""
-        if len(tokens) > self._text.shape[0]:
-            grown = torch.empty(max(len(tokens), 2 * self._text.shape[0], 1024), dtype=torch.int32)
-            grown[: self._length] = self._text[: self._length]
-            self._text = grown
-        if len(tokens) > self._length:
-            self._text[self._length : len(tokens)] = torch.tensor(tokens[self._length :], dtype=torch.int32)
-            self._length = len(tokens)
-        return self._text[: self._length]
+    def _sync(self, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The committed tokens and their keys as tensors; the mirrors grow geometrically."""
+        n, old = len(tokens), self._length
+        if n > self._text.shape[0]:
+            size = max(n, 2 * self._text.shape[0], 1024)
+            self._text = torch.cat([self._text[:old], torch.empty(size - old, dtype=torch.long)])
+            self._keys = torch.cat([self._keys[:old], torch.empty(size - old, dtype=torch.long)])
+        if n > old:
+            self._text[old:n] = torch.tensor(tokens[old:n], dtype=torch.long)
+            first = max(old, self.KEY - 1)
+            self._keys[old:first] = -1
+            if n > first:
+                self._keys[first:n] = _key(*(self._text[first - k : n - k] for k in (2, 1, 0)))
+            self._length = n
+        return self._text[:n], self._keys[:n]
 
     def match(self, tokens: Sequence[int], root: int) -> Match:
-        """The latest longest earlier match of the text `tokens` + `root` (root included, 1 to max_match + 1 tokens)."""
-        text = self._sync(tokens)  # [n]
+        """The latest longest earlier match (3 to max_match + 1 tokens) of the text `tokens` + `root`."""
+        text, keys = self._sync(tokens)  # [n], [n]
         n = text.shape[0]
-        ends = torch.nonzero(text == root).flatten()  # [m]: earlier occurrences of the root
-        if ends.numel() == 0:
+        if n < self.KEY:
             return NO_MATCH
-        back = torch.arange(1, min(self.max_match, n - 1) + 1, dtype=torch.long)  # [k]: distances before the root
+        wanted = _key(text[n - 2], text[n - 1], torch.tensor(root))
+        ends = torch.nonzero(keys == wanted).flatten()[-self.CANDIDATES :]  # [m]: where the root occurred
+        back = torch.arange(1, min(self.max_match, n - 1) + 1, dtype=torch.long)  # [k]: distances before it
         earlier = ends[:, None] - back[None]  # [m, k]
         same = (earlier >= 0) & (text[earlier.clamp(min=0)] == text[n - back][None])  # [m, k]
-        matched = same.long().cumprod(-1).sum(-1)  # [m]
+        matched = same.long().cumprod(-1).sum(-1) * (text[ends] == root)  # [m]; keys are exact, checked anyway
+        if ends.numel() == 0 or int(matched.max()) < self.KEY - 1:
+            return NO_MATCH
         best = int((matched * (n + 1) + ends).argmax())  # the longest, the latest among equals
         start = int(ends[best])
         follow = text[start + 1 : start + 1 + self.max_draft].tolist()
         return Match(follow=(*follow, root)[: self.max_draft], length=int(matched[best]), period=n - start)
+
+
+def _key(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Three token ids in one int64 (exact for vocabularies below 2^21 ids)."""
+    return (a << 42) | (b << 21) | c
