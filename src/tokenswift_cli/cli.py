@@ -59,6 +59,7 @@ from .options import (
     OutOpt,
     PartialBudgetOpt,
     PenaltyOpt,
+    PenaltyScopeOpt,
     PenaltyWindowOpt,
     PrefixOpt,
     QuietOpt,
@@ -177,7 +178,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def sampling_for(model: str, **given: float | int | tuple[str, ...] | None) -> SamplingConfig:
+def sampling_for(model: str, **given: float | int | str | tuple[str, ...] | None) -> SamplingConfig:
     """The measured defaults for `model` (defaults.py), overridden by every flag the user set."""
     chosen = {name: value for name, value in given.items() if value is not None}
     return dataclasses.replace(default_sampling(model), **chosen)
@@ -213,6 +214,7 @@ def write(
     eta: EtaOpt = None,
     penalty: PenaltyOpt = None,
     penalty_window: PenaltyWindowOpt = None,
+    penalty_scope: PenaltyScopeOpt = None,
     dry: DryOpt = None,
     dry_base: DryBaseOpt = None,
     scripts: ScriptsOpt = None,
@@ -238,8 +240,8 @@ def write(
     with errors():
         sampling = sampling_for(
             model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
-            penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None, dry_base=dry_base,
-            scripts=None if scripts is None else parse_scripts(scripts),
+            penalty_window=penalty_window, penalty_scope=penalty_scope, seed=seed, dry_multiplier=dry or None,
+            dry_base=dry_base, scripts=None if scripts is None else parse_scripts(scripts),
         )  # fmt: skip
         if dry == 0:  # "0 = off", also when the model's defaults turn DRY on
             sampling = dataclasses.replace(sampling, dry_multiplier=None)

@@ -163,6 +163,14 @@ PenaltyOpt = Annotated[
 PenaltyWindowOpt = Annotated[
     int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back over.", rich_help_panel=_SAMPLE)
 ]
+PenaltyScopeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--penalty-scope",
+        help="token (the tokens in the window) or word (also their other spellings: ' Angel', 'angel', 'ANGEL').",
+        rich_help_panel=_SAMPLE,
+    ),
+]
 DryOpt = Annotated[
     float | None,
     typer.Option(

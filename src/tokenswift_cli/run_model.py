@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import memory, scripts
+from . import memory, scripts, wordforms
 from .config import AutoWindow, ContextWindow, ModelSpec, RunConfig
 from .heads import SHIPPED, DraftHeads, load_heads, shipped_heads
 from .loading import ModelLoadError, end_of_text_ids, load_model
@@ -139,6 +139,8 @@ def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
 
 
 def bind_scripts(config: RunConfig, loaded: RunModel, prefix: str | None = None) -> RunConfig:
-    """Resolve `--scripts auto` to the scripts of `prefix` and attach the filter built from the tokenizer."""
+    """Resolve `--scripts auto` to the scripts of `prefix` and attach what the target distribution needs
+    from the tokenizer: the scripts filter, and the word forms of a word-scope penalty."""
     vocab_size = int(loaded.target.lm_head.weight.shape[0])
-    return config.replace(sampling=scripts.bind(config.sampling, loaded.tokenizer, vocab_size, prefix))
+    sampling = scripts.bind(config.sampling, loaded.tokenizer, vocab_size, prefix)
+    return config.replace(sampling=wordforms.bind(sampling, loaded.tokenizer, vocab_size))

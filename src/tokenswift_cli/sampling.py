@@ -25,6 +25,7 @@ from transformers import (
 
 from .config import ConfigError, SamplingConfig
 from .scripts import ScriptFilter
+from .wordforms import WordForms
 
 
 def position_uniform(seed: int, position: int) -> float:
@@ -63,14 +64,22 @@ def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConf
         scores[0, _script_filter(cfg).banned(context[-4:].tolist()).to(scores.device)] = -float("inf")
     if cfg.dry_multiplier is not None:
         scores[0] -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
-    window = context[-cfg.penalty_window :].to(scores.device)[None]  # [1, <= W]
-    return _processors(cfg)(window, scores)[0]
+    window = context[-cfg.penalty_window :]  # [<= W]
+    if cfg.penalty_scope == "word" and cfg.penalty is not None and cfg.penalty != 1.0:
+        window = _word_forms(cfg).penalised(window)  # [<= W * k]: every spelling of the window's words
+    return _processors(cfg)(window.to(scores.device)[None], scores)[0]
 
 
 def _script_filter(cfg: SamplingConfig) -> ScriptFilter:
     if cfg.script_filter is None or cfg.script_filter.scripts != cfg.scripts:
         raise ConfigError("the scripts filter needs the tokenizer: attach it with run_model.bind_scripts")
     return cfg.script_filter
+
+
+def _word_forms(cfg: SamplingConfig) -> WordForms:
+    if cfg.word_forms is None:
+        raise ConfigError("the word-scope penalty needs the tokenizer: attach it with run_model.bind_scripts")
+    return cfg.word_forms
 
 
 DRY_MAX_MATCH = 64  # longer repeats are penalised as this long
