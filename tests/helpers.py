@@ -45,3 +45,18 @@ def assert_windowed_sampling_is_lossless(target: Target, tokens: int = 200, kv_c
     plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     fast, stats = generate_tokens(target, heads, prompt, cfg)
     assert first_divergence(fast, plain) is None and stats.iterations < tokens
+
+
+def tiny_word_forms():  # type: ignore[no-untyped-def]
+    """Word forms of a VOCAB-token vocabulary for the tiny models: 24 words spelt three ways each
+    (" lamp", "Lamp", " LAMP"), 18 spelt once, and whitespace, punctuation and a lone UTF-8 byte, so
+    that a word-scope penalty reaches tokens a token-scope one does not."""
+    from tokenswift_cli.wordforms import WordForms
+
+    words = "lamp keeper sea angel night light stone wave ship rock bell tide cliff gull storm oar sail fog moon "
+    words += "star salt rope door tower"
+    once = "a an the of to in and or but so if at by on up out as it"
+    pieces = [p.encode() for w in words.split() for p in (f" {w}", w.capitalize(), f" {w.upper()}")]
+    pieces += [f" {w}".encode() for w in once.split()] + [b" ", b".", b",", b"\n", " \u2014".encode(), b"\xc3"]
+    assert len(pieces) == VOCAB
+    return WordForms(pieces, VOCAB)

@@ -134,6 +134,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
         "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4", "--lookup", "24",
+        "--penalty-scope", "word",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -144,6 +145,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         eta=0.01,
         penalty=1.2,
         penalty_window=64,
+        penalty_scope="word",
         seed=9,
         dry_multiplier=0.8,
         dry_base=1.3,
@@ -219,6 +221,7 @@ def test_bad_token_counts_are_one_line(captured: dict[str, Any], prefix_file: Pa
         (("--tree", "1,x"), "tree"),
         (("--mode", "fast"), "mode"),
         (("--penalty", "0"), "penalty"),
+        (("--penalty-scope", "words"), "unknown penalty scope 'words': use token or word"),
         (("--dry-base", "0.5"), "DRY base"),
         (("--device", "tpu"), "device"),
         (("--rope-scaling", "linear"), "rope scaling"),
@@ -576,6 +579,17 @@ def test_scripts_auto_keeps_the_prefix_scripts_records_them_and_resumes_exactly(
     foreign = ("日本語".encode(), "🙂".encode())
     assert any(word in free for word in foreign) and not any(word in text for word in foreign)
     assert "café".encode() in text + free  # Latin letters stay allowed
+
+
+def test_word_scope_is_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:
+    """The word forms are built from the tokenizer on write and on resume; only the scope is recorded."""
+    scope = ("--penalty-scope", "word", "--penalty", "1.3", *SAMPLED)
+    first, run = write_in_process(tiny_folder, prefix_file, 40, *scope)
+    sampling = json.loads((run / "settings.json").read_text())["run_config"]["sampling"]
+    assert sampling["penalty_scope"] == "word" and "word_forms" not in sampling
+    more = cli("resume", run.name, "--tokens", 100, "-q")
+    assert more.exit_code == 0, more.output
+    assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 100, *scope)
 
 
 def test_int4_weights_are_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:

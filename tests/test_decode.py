@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import first_divergence, random_heads, random_prompt, tiny_target
+from helpers import first_divergence, random_heads, random_prompt, tiny_target, tiny_word_forms
 
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate, generate_tokens
@@ -58,9 +58,13 @@ def test_every_tree_shape_is_lossless(draft: DraftConfig, with_heads: bool) -> N
     assert first_divergence(fast, plain) is None
 
 
+@pytest.mark.parametrize("scope", ["token", "word"])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_seeded_sampling_matches_plain(family: str, seed: int) -> None:
-    sampling = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=seed)
+def test_seeded_sampling_matches_plain(family: str, seed: int, scope: str) -> None:
+    words = tiny_word_forms() if scope == "word" else None
+    sampling = SamplingConfig(
+        temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, penalty_scope=scope, seed=seed, word_forms=words
+    )  # type: ignore[arg-type]
     target = tiny_target(family)
     heads = random_heads(target)
     prompt = random_prompt(100, seed=seed + 10)
