@@ -71,7 +71,7 @@ def _word_forms(vocabulary: tuple[bytes, ...], vocab_size: int, special_ids: tup
 
 
 def word_forms_of(tokenizer: Any, vocab_size: int) -> WordForms:
-    """The word forms of `tokenizer`'s vocabulary, built once per vocabulary (~0.1 s for 49,152 tokens)."""
+    """The word forms of `tokenizer`'s vocabulary, built once per vocabulary (49,152 tokens: ~0.4 s, then ~0.1 s)."""
     from .scripts import token_bytes
 
     special = tuple(sorted(int(t) for t in getattr(tokenizer, "all_special_ids", ())))
