@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import first_divergence, random_prompt, tiny_target
 
-from tokenswift_cli.autotune import Plan, Tuners
+from tokenswift_cli.autotune import Plan, Tuners, candidate_plans
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate_tokens
 from tokenswift_cli.lookup import REPEATING, TextLookup
@@ -73,3 +73,12 @@ def test_repeating_text_is_tuned_apart() -> None:
         plan = tuners[True].next()
         tuners[True].record(plan, 17 if plan.source == "lookup" else 1, 0.04 if plan.source == "lookup" else 0.01)
     assert tuners[False].next().source == "plain" and tuners[True].next().source == "lookup"
+
+
+def test_repeating_text_tries_only_plain_steps_and_lookups() -> None:
+    plans = candidate_plans(RunConfig(max_new_tokens=10, draft=DraftConfig(auto=True)), num_heads=3)
+    tuners = Tuners(plans)
+    assert {a.plan.source for a in tuners[True].arms} == {"plain", "lookup"}
+    assert len(tuners[False].arms) == len(plans)
+    only_pass = Tuners([Plan("pass", DraftConfig())])
+    assert [a.plan.source for a in only_pass[True].arms] == ["pass"]  # nothing to restrict to: as configured
