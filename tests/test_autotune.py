@@ -72,14 +72,16 @@ def test_tuner_probes_every_plan_then_keeps_the_fastest() -> None:
     plans = [Plan("plain", DraftConfig()), Plan("verify", DraftConfig(source="verify")), Plan("pass", DraftConfig())]
     rates = {"plain": 10.0, "verify": 30.0, "pass": 20.0}  # tokens per second of each plan
     tuner = Tuner(plans, probe=2, period=50)
-    chosen = _drive(tuner, 200, rates, {"plain": 1, "verify": 3, "pass": 3})
+    chosen = _drive(tuner, 1500, rates, {"plain": 1, "verify": 3, "pass": 3})
     assert chosen[:3] == ["plain", "verify", "pass"]  # the first round probes each plan briefly
     assert set(chosen[3:50]) == {"verify"}
     # Later rounds probe again as the context grows, then less often; a plan clearly slower than the
-    # best (under `keep` x its rate) gets a single probe, and plain steps, whose 1 token per step
-    # is all they can do, none while a draft plan is faster.
+    # best (under `keep` x its rate) gets a single probe, then sits out the next round, and plain
+    # steps, whose 1 token per step is all they can do, none while a draft plan is faster.
     assert chosen[50:53] == ["verify", "verify", "pass"]
-    assert chosen[150:153] == chosen[50:53] and set(chosen[53:150]) == {"verify"}
+    assert chosen[150:152] == ["verify", "verify"] and set(chosen[53:350]) == {"verify"}
+    assert chosen[350:353] == ["verify", "verify", "pass"]  # then two rounds out, four, ...
+    assert "pass" not in chosen[353:]
     assert tuner.summary()["plain"] == pytest.approx(10.0)
 
 
