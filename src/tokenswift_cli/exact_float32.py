@@ -3,7 +3,9 @@
 The same contract as `exact_attention.py` (a token verified in a tree gets the bits it gets decoded
 alone), with what float32 matrix products allow on this CPU (MKL, measured): a row of `q @ K^T` is
 the same bits for any number of rows >= 3 and keys >= 4, and a row of `P @ V` with a 256-long
-reduction for any number of rows >= 2. So, with no per-row copy of the cache:
+reduction for any number of rows >= 2. An AMD EPYC with AVX-512 needs more: rows >= 4 for both,
+and keys >= 12 for the scores. So every product is padded to `MIN_ROWS` x `MIN_KEYS` at least, with
+no per-row copy of the cache:
 
 * scores are one product over the held keys and one over the new keys (a row's score for a
   position does not depend on whether the cache or the tree holds it);
@@ -27,8 +29,8 @@ import torch.nn.functional as F
 from .attention import pack_queries, unpack_output
 
 BLOCK = 256
-MIN_ROWS = 4  # floors of the products (measured: 3 rows and 4 keys), padded up to
-MIN_KEYS = 8
+MIN_ROWS = 4  # floors of the products (measured, by CPU: 3-4 rows, 4-12 keys), padded up to
+MIN_KEYS = 16
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ def _scores(packed: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 def _blocks(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """weights `[1, kv, nb, r, B]` @ values `[1, kv, nb, B, d]`, summed over the blocks in float64."""
     rows = weights.shape[3]
-    weights = _pad(weights, 2, 3)
+    weights = _pad(weights, MIN_ROWS, 3)
     per_head = [weights[0, head] @ values[0, head] for head in range(weights.shape[1])]  # [nb, r, d] each
     return torch.stack(per_head)[None, :, :, :rows].sum(2, dtype=torch.float64)
 
