@@ -50,7 +50,7 @@ def test_attend_matches_reference(committed: int, q_len: int, kv_heads: int) -> 
 def test_split_kv_over_threads_matches_reference(monkeypatch: pytest.MonkeyPatch, committed: int, q_len: int) -> None:
     monkeypatch.setattr(attention, "SPLIT_KV_MIN", 16)
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # split-KV is used with several threads only
+    torch.set_num_threads(2)
     try:
         torch.manual_seed(committed + q_len)
         query = torch.randn(1, 9, q_len, 64)
@@ -60,6 +60,22 @@ def test_split_kv_over_threads_matches_reference(monkeypatch: pytest.MonkeyPatch
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(out, reference(query, keys, values, committed, block), atol=2e-5, rtol=1e-4)
+
+
+def test_split_kv_gives_the_same_bits_on_any_number_of_threads() -> None:
+    # A prefill past SPLIT_KV_MIN positions: its chunks must not depend on the threads, or a run's
+    # text from a long prefix would depend on --threads (it did: a chunk count per thread).
+    torch.manual_seed(0)
+    query = torch.randn(1, 9, 8, 64)
+    keys, values = torch.randn(1, 3, 5000 + 8, 64), torch.randn(1, 3, 5000 + 8, 64)
+    threads, outs = torch.get_num_threads(), []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            outs.append(attend(query, keys, values, committed=5000, block_mask=None, scaling=0.125))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_split_and_masked_agree_in_bfloat16() -> None:

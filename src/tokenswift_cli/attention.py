@@ -34,9 +34,10 @@ def unpack_output(out: torch.Tensor, heads: int, q_len: int) -> torch.Tensor:
     return out.reshape(out.shape[0], heads, q_len, dim).transpose(1, 2).reshape(out.shape[0], q_len, heads * dim)
 
 
-# Split the cache into chunks only past this many positions, and into this many chunks per thread.
+# Split the cache only past this many positions, into chunks of about this many: fixed sizes, not
+# a number per thread, so that a prefill gives the same bits on any number of threads.
 SPLIT_KV_MIN = 4096
-SPLIT_KV_PER_THREAD = 2
+SPLIT_KV_CHUNK = 2048
 
 
 def _merge(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,13 +52,14 @@ def cache_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unmasked attention of packed queries `[1, kv, r, d]` over `keys`/`values` `[1, kv, L, d]`.
 
-    Returns the output and the log-sum-exp per row; split-KV over several threads for a long cache.
+    Returns the output and the log-sum-exp per row; a long cache is split into chunks that the
+    threads share (split-KV), the same chunks whatever the number of threads.
     """
-    length, threads = keys.shape[2], torch.get_num_threads()
-    if threads == 1 or length < SPLIT_KV_MIN:
+    length = keys.shape[2]
+    if length < SPLIT_KV_MIN:
         out, lse = _FLASH_CPU(packed, keys, values, scale=scaling)[:2]
         return out, lse
-    parts = SPLIT_KV_PER_THREAD * threads
+    parts = max(2, length // SPLIT_KV_CHUNK)
     chunk = length // parts
     even = parts * chunk  # positions in the equal chunks; the few left over go in one more call
     k_chunks = keys[0, :, :even].unflatten(1, (parts, chunk)).transpose(0, 1)  # [parts, kv, chunk, d]
