@@ -272,10 +272,9 @@ class Target:
         """Next-token logits `[..., vocab]` in float32 from post-norm hidden states `[..., hidden]`."""
         if self.q8_head is not None and row_kernel.kernels.available():
             return self.q8_head.logits(hidden)
-        hidden = hidden.to(self.lm_head.weight.device)
-        if hidden.dim() < 2:
-            return self.lm_head(hidden).float()
-        return exact_rows(self.lm_head, hidden, dim=hidden.dim() - 2).float()  # a row's bits, whatever the batch
+        rows = hidden.to(self.lm_head.weight.device).reshape(-1, hidden.shape[-1])
+        logits = exact_rows(self.lm_head, rows, dim=0).float()  # a row's bits, whatever the batch
+        return logits.reshape(*hidden.shape[:-1], -1)
 
 
 def _whole(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
