@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import first_divergence, random_heads, random_prompt, tiny_target
 
-from tokenswift_cli.autotune import Plan, Tuner, candidate_plans
+from tokenswift_cli.autotune import Costs, Plan, Tuner, candidate_plans
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate_tokens
 
@@ -58,62 +58,64 @@ def test_plans_of_auto_mode() -> None:
     assert [p.source for p in candidate_plans(RunConfig(max_new_tokens=10, mode="plain"), num_heads=3)] == ["plain"]
 
 
-def _drive(tuner: Tuner, iterations: int, rates: dict[str, float], tokens: dict[str, int]) -> list[str]:
-    """Run `tuner` for `iterations`: each plan commits `tokens[source]` per iteration at `rates[source]` tokens/s."""
+PLAIN = Plan("plain", DraftConfig())
+SMALL_TREE = Plan("verify", DraftConfig(source="verify", tree=(1,), ngram_top_k=1))
+LARGE_TREE = Plan("verify", DraftConfig(source="verify", tree=(3, 3, 3)))
+PASS = Plan("pass", DraftConfig())
+LOOKUP = Plan("lookup", DraftConfig(source="lookup", lookup_length=16))
+
+
+def _run(
+    tuner: Tuner, iterations: int, accepted: dict[Plan, int], rows: dict[Plan, int], steps: dict[Plan, float]
+) -> list[Plan]:
+    """Drive `tuner`: every plan's shadow accepts `accepted[plan]` of `rows[plan]` rows, and an iteration
+    of a plan takes `steps[plan]` plain steps (a plain step: 10 ms); returns the plans run."""
     chosen = []
     for _ in range(iterations):
+        for plan in tuner.shadowed():
+            tuner.observe(plan, accepted[plan], rows[plan])
         plan = tuner.next()
-        chosen.append(plan.source)
-        tuner.record(plan, tokens[plan.source], tokens[plan.source] / rates[plan.source])
+        chosen.append(plan)
+        tuner.record(plan, accepted.get(plan, 0) + 1, 0.01 * steps.get(plan, 1.0), rows=rows.get(plan, 1))
     return chosen
 
 
-def test_tuner_probes_every_plan_then_keeps_the_fastest() -> None:
-    plans = [Plan("plain", DraftConfig()), Plan("verify", DraftConfig(source="verify")), Plan("pass", DraftConfig())]
-    rates = {"plain": 10.0, "verify": 30.0, "pass": 20.0}  # tokens per second of each plan
-    tuner = Tuner(plans, probe=2, period=50)
-    chosen = _drive(tuner, 1500, rates, {"plain": 1, "verify": 3, "pass": 3})
-    assert chosen[:3] == ["plain", "verify", "pass"]  # the first round probes each plan briefly
-    assert set(chosen[3:50]) == {"verify"}
-    # Later rounds probe again as the context grows, then less often; a plan clearly slower than the
-    # best (under `keep` x its rate) gets a single probe, then sits out the next round, and plain
-    # steps, whose 1 token per step is all they can do, none while a draft plan is faster.
-    assert chosen[50:53] == ["verify", "verify", "pass"]
-    assert chosen[150:152] == ["verify", "verify"] and set(chosen[53:350]) == {"verify"}
-    assert chosen[350:353] == ["verify", "verify", "pass"]  # then two rounds out, four, ...
-    assert "pass" not in chosen[353:]
-    assert tuner.summary()["plain"] == pytest.approx(10.0)
+def test_tuner_runs_plain_steps_while_no_shadow_accepts_anything() -> None:
+    plans = candidate_plans(RunConfig(max_new_tokens=10, draft=DraftConfig(auto=True)), num_heads=3)
+    tuner = Tuner(plans)
+    nothing = dict.fromkeys(plans, 0)
+    chosen = _run(tuner, 300, nothing, dict.fromkeys(plans, 5), {})
+    assert {p.source for p in chosen} == {"plain"}  # sampled prose: no plan is ever run to find out it does not pay
+    assert tuner.summary()["plain"] == 1.0
 
 
-def test_tuner_drops_a_plan_that_could_not_win_even_at_full_acceptance() -> None:
-    costly = Plan("pass", DraftConfig(tree=(1, 3, 3, 3)))  # at most 5 tokens per iteration
-    tuner = Tuner([Plan("plain", DraftConfig()), costly], probe=4, period=20)
-    # Each iteration of the tree takes 8 plain steps: 5 / 8 of plain's rate even if all were accepted.
-    chosen = _drive(tuner, 200, {"plain": 10.0, "pass": 1.0 / 0.8}, {"plain": 1, "pass": 1})
-    assert chosen.count("pass") == 1  # one probe, where the first round had two, and none later
-    assert chosen[:4] == ["plain", "plain", "pass", "plain"]
+def test_tuner_prices_rows_with_the_smallest_paying_plan_then_keeps_the_fastest() -> None:
+    tuner = Tuner([PLAIN, SMALL_TREE, LARGE_TREE])
+    accepted, rows = {SMALL_TREE: 2, LARGE_TREE: 3}, {SMALL_TREE: 4, LARGE_TREE: 41}
+    steps = {SMALL_TREE: 2.0, LARGE_TREE: 21.0}  # a row costs a third of a plain step
+    chosen = _run(tuner, 50, accepted, rows, steps)
+    # Before any tree ran both looked free; the small one ran first, and its cost priced the large
+    # one at 1 + 40 / 3 plain steps for 4 tokens: never worth a try.
+    assert chosen[0] == PLAIN and set(chosen[1:]) == {SMALL_TREE}
+    assert tuner.costs.row == pytest.approx(1 / 3)
+    # Greedy text on a GPU: rows nearly free, the large tree accepts more and wins once priced.
+    tuner = Tuner([PLAIN, SMALL_TREE, LARGE_TREE])
+    chosen = _run(tuner, 50, {SMALL_TREE: 2, LARGE_TREE: 6}, rows, {SMALL_TREE: 1.1, LARGE_TREE: 2.2})
+    assert chosen[1] == SMALL_TREE and chosen[-1] == LARGE_TREE
 
 
-def test_tuner_skips_a_large_draft_when_the_small_one_of_its_source_does_not_pay() -> None:
-    small = Plan("verify", DraftConfig(source="verify", tree=(1,), ngram_top_k=1))
-    large = Plan("verify", DraftConfig(source="verify", tree=(3, 3, 3)))
-    plans = [Plan("plain", DraftConfig()), small, large]
-    # Sampled text: the small draft accepts little and runs below plain steps; the large one is never tried.
-    cost = {"plain": 1.0, "verify": 1.4}
-    tuner = Tuner(plans, probe=4, period=20)
-    chosen = []
-    for _ in range(100):
-        plan = tuner.next()
-        chosen.append(plan)
-        tuner.record(plan, 1, cost[plan.source])
-    assert large not in chosen and chosen.count(small) >= 2
-    # Greedy text: the small draft beats plain steps, so the large one is probed, and wins.
-    tuner = Tuner(plans, probe=4, period=20)
-    chosen = []
-    for _ in range(40):
-        plan = tuner.next()
-        chosen.append(plan)
-        tuner.record(
-            plan, 4 if plan == large else 2 if plan == small else 1, 1.5 if plan == large else cost[plan.source]
-        )
-    assert chosen[:6] == [plans[0], plans[0], small, small, large, large] and chosen[-1] == large
+def test_tuner_leaves_a_plan_whose_measured_cost_outweighs_its_acceptance() -> None:
+    tuner = Tuner([PLAIN, LOOKUP])
+    chosen = _run(tuner, 100, {LOOKUP: 1}, {LOOKUP: 17}, {LOOKUP: 5.0})  # 2 tokens in 5 plain steps' time
+    assert chosen.count(LOOKUP) == 1 and chosen[-1] == PLAIN
+
+
+def test_costs_learn_a_price_per_row_and_for_the_draft_pass() -> None:
+    costs = Costs()
+    assert costs.record(PLAIN, 1, 0.010) == pytest.approx(1.0)
+    assert costs.row is None and costs.estimate(PASS, 41) == pytest.approx(2.0)  # rows free, the draft 1 step
+    costs.record(LOOKUP, 9, 0.050)  # 5 plain steps for 8 extra rows
+    assert costs.row == pytest.approx(0.5)
+    assert costs.estimate(LOOKUP, 17) == pytest.approx(9.0)
+    costs.record(PASS, 5, 0.050)  # 5 steps: 3 for its rows, so 2 for the draft pass
+    assert costs.draft.get(0.0) == pytest.approx(2.0)

@@ -65,14 +65,20 @@ def test_lookup_drafts_are_lossless_and_accepted_whole_on_a_loop(sampling: Sampl
 
 
 def test_repeating_text_is_tuned_apart() -> None:
-    tuners = Tuners([Plan("plain", DraftConfig()), Plan("lookup", DraftConfig(source="lookup"))], probe=2, period=10)
-    for _ in range(30):  # fresh prose: plain steps pay
-        plan = tuners[False].next()
-        tuners[False].record(plan, 1, 0.01 if plan.source == "plain" else 0.04)
-    for _ in range(30):  # a loop: the lookup commits 17 tokens in 4 steps' time
-        plan = tuners[True].next()
-        tuners[True].record(plan, 17 if plan.source == "lookup" else 1, 0.04 if plan.source == "lookup" else 0.01)
-    assert tuners[False].next().source == "plain" and tuners[True].next().source == "lookup"
+    plain, lookup = Plan("plain", DraftConfig()), Plan("lookup", DraftConfig(source="lookup"))
+    tuners = Tuners([plain, lookup])
+    for repeating, accepted in ((False, 0), (True, 16)):  # fresh prose: nothing; a loop: the whole chain
+        for _ in range(30):
+            tuner = tuners[repeating]
+            tuner.observe(lookup, accepted, 17)
+            plan = tuner.next()
+            tuner.record(
+                plan,
+                accepted + 1 if plan == lookup else 1,
+                0.04 if plan == lookup else 0.01,
+                rows=17 if plan == lookup else 1,
+            )
+    assert tuners[False].next() == plain and tuners[True].next() == lookup
 
 
 def test_repeating_text_tries_only_plain_steps_and_lookups() -> None:

@@ -2,28 +2,29 @@
 
 On a GPU extra candidate tokens are nearly free; on a CPU each one costs attention arithmetic that
 grows with the context, and the draft pass costs about a plain step. What pays off depends on the
-machine, the context length and the acceptance of this very text, so the tuner measures it: it
-tries each plan (plain steps, small and full drafts, from a draft pass or from the verification
-pass) for a few iterations, keeps the one with the most tokens per second, and probes them all
-again after `period` iterations, then after twice as many, and so on (up to `max_period`):
-costs drift slowly as the context grows, while every probe of a slow plan costs time. A plan that
-could not beat the best even if every draft were accepted (a 45-node tree at 8K context takes ~8
-plain steps on this CPU and commits at most 5 tokens) is not probed again, nor a large draft whose
-small version was measured slower than the best plan. Plain steps
-are one of the plans, so the automatic mode is never much slower than plain decoding. Every plan
-writes the same text (each is lossless), so switching between them changes only the speed.
+machine, the context length and the acceptance of this very text, so the tuner measures both apart:
+
+* acceptance without verifying (shadow.py): what each plan's draft would have accepted is the
+  longest of its paths that the committed text continues, known a few tokens later at no forward's
+  cost. Every plan is scored so, all the time, whichever plan runs;
+* cost from the iterations that run: plain steps give the unit, and every iteration with a tree of
+  R rows a cost per extra row, so a plan that never ran still has a price (`Costs`).
+
+Each iteration takes the plan with the most expected tokens per plain step's time. A plan runs only
+when its measured acceptance pays for its estimated cost, so sampled prose, which accepts almost
+nothing, runs plain steps without first paying to find that out. Every plan writes the same text
+(each is lossless), so switching between them changes only the speed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config import DraftConfig, RunConfig
 
-LOOKUP_SHORT = 4  # the short lookup's length: probed before the long one, which pays only where it does
+LOOKUP_SHORT = 4  # the short lookup's length: cheap where the long one's tail is rejected
 
 
 @dataclass(frozen=True)
@@ -78,129 +79,145 @@ def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
     return plans + [Plan("pass", small), Plan("pass", full)]
 
 
+class _Mean:
+    """A mean over recent observations: each new one weighs 1, older ones fade by `decay` per observation."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay, self.total, self.weight = decay, 0.0, 0.0
+
+    def add(self, value: float) -> None:
+        self.total = self.total * self.decay + value
+        self.weight = self.weight * self.decay + 1.0
+
+    def get(self, default: float) -> float:
+        return self.total / self.weight if self.weight > 0 else default
+
+
+class Costs:
+    """Seconds of an iteration, in plain steps: `1 + row * (rows - 1)`, plus `draft` for a draft pass.
+
+    Plain steps measure the unit (it grows with the context); any tree measures `row`, the ratio of
+    summed extra cost to summed extra rows, which a large tree weighs most. Until some tree has run,
+    `row` is unknown (None).
+    """
+
+    def __init__(self, decay: float = 0.95) -> None:
+        self.plain = _Mean(decay)  # seconds of a one-row iteration without a draft pass
+        self._extra, self._rows = _Mean(decay), _Mean(decay)  # extra plain steps and extra rows of trees
+        self.draft = _Mean(decay)  # a draft pass, in plain steps
+
+    @property
+    def row(self) -> float | None:
+        return self._extra.total / self._rows.total if self._rows.weight > 0 else None
+
+    def record(self, plan: Plan, rows: int, seconds: float) -> float | None:
+        """Learn from one iteration; returns its cost in plain steps (None before any plain step)."""
+        if rows == 1 and plan.source != "pass":
+            self.plain.add(seconds)
+        unit = self.plain.get(0.0)
+        if unit <= 0:
+            return None
+        steps = seconds / unit
+        if plan.source == "pass":
+            self.draft.add(max(0.0, steps - self.estimate(plan, rows, with_draft=False)))
+        elif rows > 1:
+            self._extra.add(steps - 1.0)
+            self._rows.add(rows - 1.0)
+        return steps
+
+    def estimate(self, plan: Plan, rows: float, *, with_draft: bool = True) -> float:
+        """Plain steps an iteration of `plan` with `rows` rows should take (extra rows free while unmeasured)."""
+        steps = 1.0 + (self.row or 0.0) * max(0.0, rows - 1.0)
+        return steps + (self.draft.get(1.0) if with_draft and plan.source == "pass" else 0.0)
+
+
 @dataclass
 class _Arm:
     plan: Plan
-    tokens: float = 0.0
-    seconds: float = 0.0
-    iterations: float = 0.0
-    rest: int = 0  # rounds this plan sits out before its next probe
-    backoff: int = 1  # rounds it sits out after its next losing probe
+    accepted: _Mean  # draft tokens the plan's shadows would have accepted per iteration
+    rows: _Mean  # rows of the plan's trees
+    steps: _Mean  # measured cost of its own iterations, in plain steps
 
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def ceiling(self) -> float:
-        """The rate if every draft slot of every iteration were accepted (unknown before a probe)."""
-        return (self.plan.depth_cap + 1) * self.iterations / self.seconds if self.seconds > 0 else math.inf
+    def expected_rate(self, costs: Costs) -> float:
+        """Tokens per plain step's time: accepted + 1 over the cost (measured, blended with the estimate)."""
+        if self.plan.source == "plain":
+            return 1.0
+        estimate = costs.estimate(self.plan, self.rows.get(1.0))
+        cost = (self.steps.total + estimate) / (self.steps.weight + 1.0)
+        return (1.0 + self.accepted.get(0.0)) / cost
 
 
 class Tuner:
-    """Chooses the plan of each iteration and learns from the measured tokens and seconds.
+    """Chooses the plan of each iteration from shadow acceptance and measured costs.
 
-    Each round begins with probes: `probe` iterations of every plan (half as many in the first
-    round, which short runs cannot afford), one for a plan that ran at under `keep` x the best rate:
-    every probe of a slower plan costs time, and most plans stay slower for the whole run. So a plan
-    that loses its probe sits out the next round, then two, four, up to `max_rest` rounds (sampled
-    prose accepts as little at 50K tokens as at 5K: re-probing every loser each round cost ~5% of a
-    512-token case at 8K).
+    A plan must promise `gain` x a plain step's rate to replace plain steps. While no tree has run,
+    extra rows count as free: then only the smallest plan that would pay runs, whose cost prices
+    the others.
     """
 
     def __init__(
         self,
         plans: Sequence[Plan],
         *,
-        probe: int = 4,
-        period: int = 128,
-        max_period: int = 1024,
+        costs: Costs | None = None,
         decay: float = 0.97,
-        keep: float = 0.85,
-        max_rest: int = 8,
+        gain: float = 1.05,
     ) -> None:
-        self.arms = [_Arm(p) for p in plans]
-        self.probe, self.period, self.max_period, self.decay, self.keep = probe, period, max_period, decay, keep
-        self.max_rest = max_rest
-        self.iteration = 0  # iterations since the current round of probes began
-        self.best = 0
-        self.probes = self._schedule()
+        self.arms = [_Arm(p, _Mean(decay), _Mean(decay), _Mean(decay)) for p in plans]
+        self.costs = costs if costs is not None else Costs()
+        self.gain = gain
 
     @classmethod
     def for_run(cls, cfg: RunConfig, *, num_heads: int) -> Tuner:
         return cls(candidate_plans(cfg, num_heads=num_heads))
 
-    def _schedule(self) -> list[int]:
-        """The arms probed at the start of this round, in order, one entry per iteration."""
-        best = self.arms[self.best].rate
-        schedule: list[int] = []
-        for index, arm in enumerate(self.arms):
-            if self._skipped(index):
-                continue
-            if arm.seconds == 0:
-                count = max(1, self.probe // 2)
-            elif arm.rate >= self.keep * best:
-                count, arm.backoff = self.probe, 1
-            elif arm.rest > 0:
-                arm.rest -= 1
-                continue
-            else:  # a loser: one probe, then a longer rest
-                count, arm.rest, arm.backoff = 1, arm.backoff, min(2 * arm.backoff, self.max_rest)
-            schedule += [index] * count
-        return schedule
-
     def next(self) -> Plan:
-        """The plan of this iteration: a probe at the start of each round, else the fastest so far."""
+        """The plan of this iteration: the highest expected rate, plain steps unless another beats them by `gain`."""
         if len(self.arms) == 1:
             return self.arms[0].plan
-        if self.iteration >= self.period:  # a new round: probe again, and wait longer next time
-            self.iteration, self.period = 0, min(2 * self.period, self.max_period)
-            self.probes = self._schedule()
-        if self.iteration < len(self.probes) and not self._skipped(self.probes[self.iteration]):
-            return self.arms[self.probes[self.iteration]].plan
-        return self.arms[self.best].plan
+        rates = [a.expected_rate(self.costs) for a in self.arms]
+        paying = [i for i, r in enumerate(rates) if r >= self.gain and self.arms[i].plan.source != "plain"]
+        plain = next((a.plan for a in self.arms if a.plan.source == "plain"), self.arms[0].plan)
+        if not paying or self.costs.plain.weight == 0:  # a plain step first: the unit of every cost
+            return plain
+        if self.costs.row is None:  # rows unpriced: try the smallest paying tree first
+            return self.arms[min(paying, key=lambda i: (self.arms[i].rows.get(1.0), -rates[i]))].plan
+        return self.arms[max(paying, key=lambda i: rates[i])].plan
 
-    def _skipped(self, index: int) -> bool:
-        return self._hopeless(index) or self._outgrown(index)
+    def shadowed(self) -> list[Plan]:
+        """The plans whose acceptance shadows measure: all but plain steps (none when there is no choice)."""
+        return [a.plan for a in self.arms if a.plan.source != "plain"] if len(self.arms) > 1 else []
 
-    def _hopeless(self, index: int) -> bool:
-        """Whether arm `index` cannot beat the best plan's measured rate even at full acceptance."""
-        return self.arms[index].ceiling < self.arms[self.best].rate
+    def observe(self, plan: Plan, accepted: int, rows: int) -> None:
+        """A shadow of `plan` (a tree of `rows` rows) would have accepted `accepted` draft tokens."""
+        arm = self._arm(plan)
+        arm.accepted.add(accepted)
+        arm.rows.add(rows)
 
-    def _outgrown(self, index: int) -> bool:
-        """Whether a smaller draft of the same source (an earlier arm) was measured slower than the best.
+    def record(self, plan: Plan, tokens: int, seconds: float, rows: int = 1) -> None:
+        """One iteration of `plan`, a tree of `rows` rows, committed `tokens` in `seconds`."""
+        steps = self.costs.record(plan, rows, seconds)
+        if steps is not None and len(self.arms) > 1:
+            self._arm(plan).steps.add(steps)
 
-        A larger tree costs several plain steps on a CPU; when the small draft of its source does not
-        pay, the text accepts too little for the large one, and probing it would cost most of a short run.
-        """
-        source, best = self.arms[index].plan.source, self.arms[self.best].rate
-        return any(a.plan.source == source and a.seconds > 0 and a.rate < best for a in self.arms[:index])
-
-    def record(self, plan: Plan, tokens: int, seconds: float) -> None:
-        """One iteration of `plan` committed `tokens` in `seconds` (older measurements fade)."""
-        self.iteration += 1
-        if len(self.arms) == 1:
-            return
-        arm = next(a for a in self.arms if a.plan == plan)
-        arm.tokens = arm.tokens * self.decay + tokens
-        arm.seconds = arm.seconds * self.decay + seconds
-        arm.iterations = arm.iterations * self.decay + 1
-        self.best = max(range(len(self.arms)), key=lambda i: self.arms[i].rate)
+    def _arm(self, plan: Plan) -> _Arm:
+        return next(a for a in self.arms if a.plan == plan)
 
     def summary(self) -> dict[str, float]:
-        """Measured tokens/s of each plan."""
-        return {a.plan.name: a.rate for a in self.arms}
+        """Expected tokens per plain step's time of each plan."""
+        return {a.plan.name: a.expected_rate(self.costs) for a in self.arms}
 
 
 class Tuners:
     """One tuner per kind of iteration: while the text repeats a stretch of itself (`lookup.Match`),
-    a long lookup may commit a dozen tokens per step where nothing else pays, and measurements made
+    a long lookup may commit a dozen tokens per step where nothing else pays, and acceptance measured
     on fresh prose would hide that for hundreds of iterations. While it repeats, only plain steps and
-    lookups are tried: heads and n-grams predict a loop no better than the lookup, and each probe of
-    a large tree costs several plain steps (at 8K of context, probing them cost a fifth of 256 tokens)."""
+    lookups are tried: heads and n-grams predict a loop no better than the lookup. Both share the
+    costs, which do not depend on the text."""
 
     def __init__(self, plans: Sequence[Plan], **options: float) -> None:
         self._plans, self._options = list(plans), options
+        self._costs = Costs()
         self._tuners: dict[bool, Tuner] = {}
 
     @classmethod
@@ -210,5 +227,5 @@ class Tuners:
     def __getitem__(self, repeating: bool) -> Tuner:
         if repeating not in self._tuners:
             plans = [p for p in self._plans if p.source in ("plain", "lookup")] if repeating else []
-            self._tuners[repeating] = Tuner(plans or self._plans, **self._options)  # type: ignore[arg-type]
+            self._tuners[repeating] = Tuner(plans or self._plans, costs=self._costs, **self._options)  # type: ignore[arg-type]
         return self._tuners[repeating]

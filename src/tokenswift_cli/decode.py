@@ -17,6 +17,7 @@ from .config import RunConfig
 from .draft import candidates, propose
 from .heads import DraftHeads
 from .metrics import Stats
+from .shadow import Shadows
 from .state import GenerationState, prefill
 from .target import Target
 from .tree import Tree
@@ -44,6 +45,7 @@ def generate(
     """Extend `state` until `cfg.max_new_tokens` (or an end-of-sequence token); one event per iteration."""
     stats, device = state.stats, target.device
     tuners = Tuners.for_run(cfg, num_heads=heads.num_heads if heads is not None else 0)
+    shadows = Shadows()  # the other plans' drafts, scored as the text goes on (their acceptance)
     leaf: torch.Tensor | None = None  # pre-norm state of the node that drew the root
     while not state.finished(cfg):
         started = time.perf_counter()
@@ -59,9 +61,13 @@ def generate(
         with stats.phase("accept"):  # 4. walk the trie with position-keyed target draws
             accepted = accept(tree, verified.logits, state.tokens, cfg.sampling)
             leaf = verified.pre_norm[accepted.nodes[-1] if accepted.nodes else 0]
+        with stats.phase("shadow"):  # what each plan would have drafted here, scored on the text to come
+            shadows.draft(tuner, target, heads, state, match=match, verified=verified, accepted=accepted,
+                          sampling=cfg.sampling)  # fmt: skip
         with stats.phase("commit", device):  # 5-6. compact caches, refresh partial cache, count n-grams
             emitted = state.commit(accepted, verified.queries, cfg, eos_ids)
-        tuner.record(plan, len(accepted.tokens) + 1, time.perf_counter() - started)
+        shadows.follow(state.tokens, state.root)
+        tuner.record(plan, len(accepted.tokens) + 1, time.perf_counter() - started, rows=tree.size)
         _count(stats, plan, tree, accepted, emitted)
         yield StepEvent(tokens=tuple(emitted), accepted=len(accepted.tokens), tree_size=tree.size, stats=stats)
 

@@ -30,7 +30,7 @@ from .ngram import NGramTable
 from .sampling import target_scores
 from .state import GenerationState
 from .target import Target
-from .tree import Tree, build_tree
+from .tree import Tree, TreeBuilder, trie
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,24 @@ def _top_levels(
     """Top-w tokens per level from normalised states; the penalty makes them look like the target's draws."""
     if not states:
         return ()
-    logits = target.logits(torch.stack(states))  # [depth, vocab]
+    return top_tokens(target.logits(torch.stack(states)), context, widths, sampling)  # logits: [depth, vocab]
+
+
+def top_tokens(
+    logits: Sequence[torch.Tensor], context: torch.Tensor, widths: Sequence[int], sampling: SamplingConfig
+) -> tuple[tuple[int, ...], ...]:
+    """Top-w tokens of each row of `logits` under the target's processing after `context`."""
     return tuple(
-        tuple(target_scores(logits[level], context, sampling).topk(width).indices.tolist())
-        for level, width in enumerate(widths[: len(states)])
+        tuple(target_scores(row, context, sampling).topk(width).indices.tolist())
+        for row, width in zip(logits, widths, strict=False)
     )
+
+
+def head_logits(target: Target, heads: DraftHeads, pre_norm: torch.Tensor) -> torch.Tensor:
+    """Logits `[K, vocab]` of the heads fed with one pre-norm state `[hidden]`."""
+    with torch.no_grad():
+        states = heads(pre_norm.to(next(heads.parameters()).dtype))  # [K, hidden]
+    return target.logits(states)
 
 
 def draft_from_verify(
@@ -70,13 +83,11 @@ def draft_from_verify(
     sampling: SamplingConfig,
 ) -> Drafts:
     """Medusa-style drafts: heads on the pre-norm state `[hidden]` of the node that drew `root`."""
-    states: list[torch.Tensor] = []
-    if heads is not None and leaf_pre_norm is not None:
-        with torch.no_grad():
-            head_states = heads(leaf_pre_norm.to(next(heads.parameters()).dtype))  # [K, hidden]
-        states = list(head_states[: len(cfg.tree)])
     context = torch.tensor([*history[-sampling.context_length :], root], dtype=torch.long)
-    return Drafts(levels=_top_levels(target, states, context, cfg.tree, sampling), ngram_key="root")
+    if heads is None or leaf_pre_norm is None:
+        return Drafts(levels=(), ngram_key="root")
+    levels = top_tokens(head_logits(target, heads, leaf_pre_norm), context, cfg.tree, sampling)
+    return Drafts(levels=levels, ngram_key="root")
 
 
 def draft(
@@ -128,14 +139,19 @@ def propose(
 
 def candidates(root: int, drafts: Drafts | None, ngrams: NGramTable, cfg: DraftConfig) -> Tree:
     """The trie of the template combinations and, for each level-1 token, its top n-gram paths (or a lookup's chain)."""
+    return candidate_trie(root, drafts, ngrams, cfg).build()
+
+
+def candidate_trie(root: int, drafts: Drafts | None, ngrams: NGramTable, cfg: DraftConfig) -> TreeBuilder:
+    """`candidates` before the forward's tensors."""
     if drafts is None:
-        return build_tree(root, [])
+        return trie(root, [])
     if drafts.chain:
-        return build_tree(root, [], [drafts.chain])
+        return trie(root, [], [drafts.chain])
     ngram_paths: list[tuple[int, ...]] = []
     if cfg.ngram_top_k is not None and drafts.ngram_key == "root":
         ngram_paths = list(ngrams.top(root, cfg.ngram_top_k))
     elif cfg.ngram_top_k is not None:
         for first in drafts.levels[0]:
             ngram_paths += [(first, *rest) for rest in ngrams.top(first, cfg.ngram_top_k)]
-    return build_tree(root, drafts.levels, ngram_paths)
+    return trie(root, drafts.levels, ngram_paths)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-PHASES = ("prefill", "draft", "candidates", "verify", "accept", "commit")
+PHASES = ("prefill", "draft", "candidates", "verify", "accept", "shadow", "commit")
 
 
 @dataclass
@@ -54,7 +54,8 @@ class Stats:
         finally:
             if device is not None and device.type == "cuda":
                 torch.cuda.synchronize(device)
-            self.seconds[name] += time.perf_counter() - start
+            # .get: a run resumed from an older checkpoint may lack a phase
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
     def to_dict(self) -> dict[str, Any]:
         summary = {

@@ -213,7 +213,7 @@ NGramTopKOpt = Annotated[
 DraftOpt = Annotated[
     str,
     typer.Option(
-        "--draft", help="auto (plan tuned from measured speed, never much slower than plain), pass (the paper's "
+        "--draft", help="auto (per step, the plan whose measured acceptance pays for its cost), pass (the paper's "
         "draft forward), verify (drafts from the verification pass), ngram (the n-gram table alone) or lookup "
         "(what followed the latest earlier match of the text's end).",
         rich_help_panel=_ACCEL,

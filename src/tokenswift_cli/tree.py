@@ -69,6 +69,15 @@ class TreeBuilder:
                 self._from_ngram[child] = True
             node = child
 
+    @property
+    def size(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def children(self) -> list[dict[int, int]]:
+        """Per node: token -> child node (all a walk needs; `build` adds the forward's tensors)."""
+        return self._children
+
     def build(self) -> Tree:
         size = len(self._tokens)
         mask = torch.zeros(size, size, dtype=torch.bool)
@@ -97,9 +106,14 @@ def build_tree(
     ngram_paths: Sequence[Sequence[int]] = (),
 ) -> Tree:
     """The trie of the template paths over `levels` (top tokens per depth) and the n-gram paths."""
+    return trie(root, levels, ngram_paths).build()
+
+
+def trie(root: int, levels: Sequence[Sequence[int]], ngram_paths: Sequence[Sequence[int]] = ()) -> TreeBuilder:
+    """`build_tree`'s trie before its tensors: enough to walk it."""
     builder = TreeBuilder(root)
     for path in template_paths(levels):
         builder.add(path)
     for path in ngram_paths:
         builder.add(path, from_ngram=True)
-    return builder.build()
+    return builder
