@@ -8,8 +8,8 @@ from helpers import random_heads, random_prompt, tiny_target
 from tokenswift_cli.autotune import Plan, Tuner
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.draft import Drafts, candidates
-from tokenswift_cli.shadow import Shadows
+from tokenswift_cli.draft import Drafts, candidates, propose
+from tokenswift_cli.shadow import Shadows, _head_tries
 from tokenswift_cli.state import prefill
 from tokenswift_cli.tree import trie
 from tokenswift_cli.verify import accept, verify
@@ -68,3 +68,22 @@ def test_auto_mode_on_text_nothing_drafts_runs_plain_steps() -> None:
     _, stats = generate_tokens(target, random_heads(target), random_prompt(60, seed=8), cfg)
     # Random heads and fresh text: the shadows show nothing accepted, so (almost) no iteration drafts.
     assert stats.iterations >= 140 and stats.tree_nodes - stats.iterations <= 10
+
+
+def test_a_verify_plans_shadow_is_the_draft_it_proposes_next() -> None:
+    target = tiny_target("llama-mha", seed=4)
+    heads = random_heads(target)
+    cfg = RunConfig(max_new_tokens=20)
+    state = prefill(target, random_prompt(30, seed=9), cfg)
+    plan = Plan("verify", DraftConfig(source="verify", tree=(2, 2, 1), ngram_top_k=2))
+    for _ in range(5):  # plain steps: the root's state draws the next root
+        tree = candidates(state.root, None, state.ngrams, plan.draft)
+        verified = verify(target, tree, state.full)
+        accepted = accept(tree, verified.logits, state.tokens, cfg.sampling)
+        (_, shadow, later), *_ = _head_tries(target, heads, state, [plan], verified=verified, accepted=accepted,
+                                             sampling=cfg.sampling)  # fmt: skip
+        state.commit(accepted, verified.queries, cfg)
+        drafts = propose(target, heads, state, plan, leaf=verified.pre_norm[0], sampling=cfg.sampling)
+        real = candidates(state.root, drafts, state.ngrams, plan.draft)
+        assert later == 1 and shadow.size == real.size > 1
+        assert [dict(c) for c in shadow.children] == [dict(c) for c in real.children]
