@@ -4,14 +4,18 @@
 // order of absolute position, and blocks of `block` absolute positions. So a token verified in a
 // tree gets the bits it gets decoded alone, whatever the other rows, the thread count or where the
 // cache keeps a position. The rules that make it so:
-// * every score is fold(partial(query, key)) * scale (`key_dots`, or `query_dots` for 16 keys at once,
-//   the same roundings), and every weight comes from `exp_block`;
-// * within a block, a row adds `w` and `w * v` in position order, in float32; positions it does
-//   not see have w = 0, which adds nothing; across blocks the sums are float64, in block order;
+// * every score is fold(partial(query, key)) * scale: `key_dots`, or for 16 keys at once `query_dots`
+//   (fold16) or `tile_scores` (a transposed tile: the same products and the same tree of adds), the
+//   same roundings on every path;
+// * within a block, a row's weights are `exp_block` of its scores minus its own maximum in that block,
+//   and it adds `w` and `w * v` in position order, in float32; positions it does not see have w = 0,
+//   which adds nothing;
+// * across blocks the sums are float64, in block order, each block's scaled by exp(its maximum - the
+//   row's maximum over all blocks), that exp from `exp_block` too;
 // * products are summed by `fma` (one rounding) or as written: compiled with -ffp-contract=off, the
 //   compiler fuses nothing on its own, so the same sum is the same roundings wherever it is written.
 // The cache may store float16: each key and value is widened to float32 (exactly) before any
-// arithmetic, where it is read or, when many rows read it, once into a scratch copy; same bits.
+// arithmetic, where it is read or once into a scratch copy; same bits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -114,6 +118,7 @@ __attribute__((noinline)) void query_dots(const float* query, const T* const* ke
 // From this many lanes on, a tile of 16 keys is transposed once (dimension-major) and each lane's 16
 // scores come from broadcast products, without fold16's shuffles; the same bits as `query_dots`.
 constexpr int64_t kTransposeWidth = 6;
+constexpr bool kPrefetch = true;
 
 // The 16x16 block `r` transposed in place: step h swaps the off-diagonal h x h blocks of every 2h x 2h
 // block (element (i, c) <- (i ^ h, c ^ h) where bit h of i and c differ); the four steps make (i, c) <- (c, i).
@@ -378,6 +383,19 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
       }
       const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
       for (int64_t j = 0; j < block; j += kLanes) {
+        if (kPrefetch && stored > 0) {
+          // the next 16 keys, and this block's values for later, while these keys are scored: the reads
+          // come in bursts between long stretches of arithmetic, and would each wait on memory
+          const int64_t next = first + j + kLanes - offset, these = first + j - offset;
+          for (int64_t l = 0; l < kLanes; ++l) {
+            const char* k = reinterpret_cast<const char*>(at.key(head, std::min(next + l, stored - 1)));
+            const char* v = reinterpret_cast<const char*>(at.value(head, std::clamp<int64_t>(these + l, 0, stored - 1)));
+            for (int64_t byte = 0; byte < dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
+              __builtin_prefetch(k + byte, 0, 3);
+              __builtin_prefetch(v + byte, 0, 2);
+            }
+          }
+        }
         if (first + j >= whole_begin && first + j + kLanes <= whole_end) {  // 16 held keys every lane may see
           const T* key0 = at.key(head, first + j - offset);
           if (transposed) {
@@ -472,22 +490,28 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
     }
   });
 
-  // Each lane's blocks, in block order and float64, each scaled by exp(its top - the lane's top).
+  // Each lane's blocks, in block order and float64, each scaled by exp(its top - the lane's top) (from
+  // exp_block, 16 blocks at a time).
   at::Tensor result = at::empty({rows, at.heads, dim}, q.options());
   float* out = result.data_ptr<float>();
+  const int64_t padded = (nb + kLanes - 1) / kLanes * kLanes;
   at::parallel_for(0, at.kv * width, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> total(dim);
+    std::vector<float> tops_of(padded, kNegInf), factors(padded);
     for (int64_t index = begin; index < end; ++index) {
       const int64_t head = index / width, lane = index % width;
       float overall = kNegInf;
-      for (int64_t b = 0; b < nb; ++b) overall = std::max(overall, block_top[(head * nb + b) * width + lane]);
+      for (int64_t b = 0; b < nb; ++b) {
+        tops_of[b] = block_top[(head * nb + b) * width + lane];
+        overall = std::max(overall, tops_of[b]);
+      }
+      exp_block(tops_of.data(), overall, factors.data(), padded);
       double weight = 0.0;
       std::fill(total.begin(), total.end(), 0.0);
       for (int64_t b = 0; b < nb; ++b) {
+        if (tops_of[b] == kNegInf) continue;  // a block the lane does not see
         const int64_t item = head * nb + b;
-        const float top = block_top[item * width + lane];
-        if (top == kNegInf) continue;
-        const double factor = std::exp(static_cast<double>(top) - static_cast<double>(overall));
+        const double factor = factors[b];
         weight += factor * block_sum[item * width + lane];
         const float* a = block_acc + (item * width + lane) * dim;
         for (int64_t d = 0; d < dim; ++d) total[d] += factor * a[d];
