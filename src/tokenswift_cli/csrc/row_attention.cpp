@@ -255,25 +255,34 @@ void value_sums_of(int64_t lanes, const Held<T>& held, const float* const* w, in
   value_sums<C, 4>(held, w, chunks, out, total);
 }
 
+// floor(t), exactly, for |t| < 2^31.
+inline v16 floor16(v16 t) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<v16>(_mm512_roundscale_ps(reinterpret_cast<__m512>(t), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+#else
+  typedef int32_t i16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
+  const v16 n = __builtin_convertvector(__builtin_convertvector(t, i16), v16);  // toward zero, then down
+  return n > t ? n - 1.f : n;
+#endif
+}
+
 // exp(x) for x <= 0 (scores minus their max), 0 for -inf: range reduction and a degree-6 polynomial,
-// 16 lanes at a time (`n` is a multiple of 16), so every weight takes the same instructions.
+// each step one fma, 16 lanes at a time (`n` is a multiple of 16), so every weight takes the same
+// instructions.
 __attribute__((noinline)) void exp_block(const float* scores, float top, float* out, int64_t n) {
   typedef int32_t i16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
-  const v16 lowest = v16{} - 87.f;
+  const v16 lowest = splat(-87.f);
   for (int64_t i = 0; i < n; i += kLanes) {
     const v16 x = load(scores + i) - top;
     const v16 clamped = x < lowest ? lowest : x;
-    const v16 t = clamped * 1.44269504f + 0.5f;
-    v16 n_ = __builtin_convertvector(__builtin_convertvector(t, i16), v16);  // toward zero, then down:
-    n_ = n_ > t ? n_ - 1.f : n_;                                              // floor(t)
-    const v16 r = (clamped - n_ * 0.693145752f) - n_ * 1.42860677e-06f;
-    v16 p = v16{} + 1.f / 720.f;
-    p = p * r + 1.f / 120.f;
-    p = p * r + 1.f / 24.f;
-    p = p * r + 1.f / 6.f;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
+    const v16 n_ = floor16(fma(clamped, splat(1.44269504f), splat(0.5f)));  // the nearest power of 2
+    const v16 r = fma(n_, splat(-1.42860677e-06f), fma(n_, splat(-0.693145752f), clamped));
+    v16 p = fma(splat(1.f / 720.f), r, splat(1.f / 120.f));
+    p = fma(p, r, splat(1.f / 24.f));
+    p = fma(p, r, splat(1.f / 6.f));
+    p = fma(p, r, splat(0.5f));
+    p = fma(p, r, splat(1.f));
+    p = fma(p, r, splat(1.f));
     const i16 bits = (__builtin_convertvector(n_, i16) + 127) << 23;
     v16 scale;
     std::memcpy(&scale, &bits, sizeof(scale));
