@@ -411,9 +411,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
             transpose_keys(key0, at.k_pos, tile, chunks);
             tile_scores(queries, width, tile, chunks, scale, scores + j, block);
           } else {
-            const float* wide16[kLanes];
-            for (int64_t l = 0; l < kLanes; ++l) wide16[l] = widen(key0 + l * at.k_pos, tile + l * dim, dim);
-            for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], wide16, dim, scale, scores + lane * block + j);
+            const T* keys16[kLanes];  // few lanes: each reads (and widens) the keys itself
+            for (int64_t l = 0; l < kLanes; ++l) keys16[l] = key0 + l * at.k_pos;
+            for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], keys16, dim, scale, scores + lane * block + j);
           }
           continue;
         }
