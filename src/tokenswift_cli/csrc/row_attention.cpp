@@ -4,14 +4,18 @@
 // order of absolute position, and blocks of `block` absolute positions. So a token verified in a
 // tree gets the bits it gets decoded alone, whatever the other rows, the thread count or where the
 // cache keeps a position. The rules that make it so:
-// * every score is fold(partial(query, key)) * scale (`key_dots`, or `query_dots` for 16 keys at once,
-//   the same roundings), and every weight comes from `exp_block`;
-// * within a block, a row adds `w` and `w * v` in position order, in float32; positions it does
-//   not see have w = 0, which adds nothing; across blocks the sums are float64, in block order;
+// * every score is fold(partial(query, key)) * scale: `key_dots`, or for 16 keys at once `query_dots`
+//   (fold16) or `tile_scores` (a transposed tile: the same products and the same tree of adds), the
+//   same roundings on every path;
+// * within a block, a row's weights are `exp_block` of its scores minus its own maximum in that block,
+//   and it adds `w` and `w * v` in position order, in float32; positions it does not see have w = 0,
+//   which adds nothing;
+// * across blocks the sums are float64, in block order, each block's scaled by exp(its maximum - the
+//   row's maximum over all blocks), that exp from `exp_block` too;
 // * products are summed by `fma` (one rounding) or as written: compiled with -ffp-contract=off, the
 //   compiler fuses nothing on its own, so the same sum is the same roundings wherever it is written.
 // The cache may store float16: each key and value is widened to float32 (exactly) before any
-// arithmetic, where it is read or, when many rows read it, once into a scratch copy; same bits.
+// arithmetic, where it is read or once into a scratch copy; same bits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -31,6 +35,7 @@ using simd::fma;
 using simd::fold;
 using simd::kLanes;
 using simd::load;
+using simd::splat;
 using simd::store;
 using simd::v16;
 
@@ -110,6 +115,100 @@ __attribute__((noinline)) void query_dots(const float* query, const T* const* ke
   query_dots_of<0>(query, keys, chunks, scale, out);
 }
 
+// From this many lanes on, a tile of 16 keys is transposed once (dimension-major) and each lane's 16
+// scores come from broadcast products, without fold16's shuffles; the same bits as `query_dots`.
+constexpr int64_t kTransposeWidth = 6;
+constexpr bool kPrefetch = true;
+
+// The 16x16 block `r` transposed in place: step h swaps the off-diagonal h x h blocks of every 2h x 2h
+// block (element (i, c) <- (i ^ h, c ^ h) where bit h of i and c differ); the four steps make (i, c) <- (c, i).
+inline void transpose16(v16* r) {
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 8)) {
+      const v16 a = r[i], b = r[i + 8];
+      r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+      r[i + 8] = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 4)) {
+      const v16 a = r[i], b = r[i + 4];
+      r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+      r[i + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 2)) {
+      const v16 a = r[i], b = r[i + 2];
+      r[i] = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      r[i + 2] = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+  for (int i = 0; i < 16; i += 2) {
+    const v16 a = r[i], b = r[i + 1];
+    r[i] = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    r[i + 1] = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  }
+}
+
+// 16 keys (`stride` apart) widened and transposed: tile[d * 16 + l] = key l's dimension d.
+template <typename T>
+void transpose_keys(const T* key0, int64_t stride, float* tile, int64_t chunks) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    v16 r[kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) r[l] = load(key0 + l * stride + c * kLanes);
+    transpose16(r);
+    for (int64_t i = 0; i < kLanes; ++i) store(tile + (c * kLanes + i) * kLanes, r[i]);
+  }
+}
+
+// 16 scores for each of G lanes from a transposed tile: lane l of a[i] is key l's partial lane i (the
+// product of dimension i, then those of i + 16, i + 32, ... fused in), and the adds are fold's tree
+// (i + 8, then + 4, + 2, + 1), so every score has the bits `query_dots` and `key_dots` give it.
+template <int64_t C, int64_t G>
+inline void tile_scores_of(const float* const* q, const float* tile, int64_t chunks, float scale, float* const* out) {
+  const int64_t n = C > 0 ? C : chunks;
+  auto partials = [&](int64_t i, v16* a) {
+    const v16 k0 = load(tile + i * kLanes);
+    for (int64_t g = 0; g < G; ++g) a[g] = splat(q[g][i]) * k0;
+    for (int64_t c = 1; c < n; ++c) {
+      const v16 k = load(tile + (c * kLanes + i) * kLanes);
+      for (int64_t g = 0; g < G; ++g) a[g] = fma(splat(q[g][c * kLanes + i]), k, a[g]);
+    }
+  };
+  v16 l2[4][G];
+  for (int64_t i = 0; i < 4; ++i) {
+    v16 a[G], b[G];
+    partials(i, a);
+    partials(i + 8, b);
+    for (int64_t g = 0; g < G; ++g) a[g] = a[g] + b[g];
+    v16 c[G], d[G];
+    partials(i + 4, c);
+    partials(i + 12, d);
+    for (int64_t g = 0; g < G; ++g) l2[i][g] = a[g] + (c[g] + d[g]);
+  }
+  for (int64_t g = 0; g < G; ++g) store(out[g], ((l2[0][g] + l2[2][g]) + (l2[1][g] + l2[3][g])) * scale);
+}
+
+// scores[lane * stride + l] = scale * (query of lane . key l) for every lane, 4 lanes at a time.
+template <int64_t C>
+void tile_scores_c(const float* const* queries, int64_t width, const float* tile, int64_t chunks, float scale,
+                   float* scores, int64_t stride) {
+  int64_t lane = 0;
+  for (; lane + 4 <= width; lane += 4) {
+    float* out[4] = {scores + lane * stride, scores + (lane + 1) * stride, scores + (lane + 2) * stride,
+                     scores + (lane + 3) * stride};
+    tile_scores_of<C, 4>(queries + lane, tile, chunks, scale, out);
+  }
+  for (; lane < width; ++lane) {
+    float* out[1] = {scores + lane * stride};
+    tile_scores_of<C, 1>(queries + lane, tile, chunks, scale, out);
+  }
+}
+
+__attribute__((noinline)) void tile_scores(const float* const* queries, int64_t width, const float* tile,
+                                           int64_t chunks, float scale, float* scores, int64_t stride) {
+  if (chunks == 4) return tile_scores_c<4>(queries, width, tile, chunks, scale, scores, stride);
+  tile_scores_c<0>(queries, width, tile, chunks, scale, scores, stride);
+}
+
 template <typename T>
 using Held = std::vector<std::pair<int64_t, const T*>>;  // (index in the block, value row)
 
@@ -125,7 +224,7 @@ void value_sums(const Held<T>& held, const float* const* w, int64_t chunks, floa
       for (int64_t c = 0; c < C; ++c) x[c] = load(v + c * kLanes);
       for (int64_t g = 0; g < G; ++g) {
         t[g] = t[g] + w[g][j];
-        const v16 b = w[g][j] + v16{};
+        const v16 b = splat(w[g][j]);
         for (int64_t c = 0; c < C; ++c) a[g][c] = fma(b, x[c], a[g][c]);
       }
     }
@@ -138,7 +237,7 @@ void value_sums(const Held<T>& held, const float* const* w, int64_t chunks, floa
         const v16 x = load(v + c * kLanes);
         for (int64_t g = 0; g < G; ++g) {
           if (c == 0) t[g] = t[g] + w[g][j];
-          a[g] = fma(w[g][j] + v16{}, x, a[g]);
+          a[g] = fma(splat(w[g][j]), x, a[g]);
         }
       }
       for (int64_t g = 0; g < G; ++g) store(out[g] + c * kLanes, a[g]);
@@ -156,25 +255,34 @@ void value_sums_of(int64_t lanes, const Held<T>& held, const float* const* w, in
   value_sums<C, 4>(held, w, chunks, out, total);
 }
 
+// floor(t), exactly, for |t| < 2^31.
+inline v16 floor16(v16 t) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<v16>(_mm512_roundscale_ps(reinterpret_cast<__m512>(t), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+#else
+  typedef int32_t i16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
+  const v16 n = __builtin_convertvector(__builtin_convertvector(t, i16), v16);  // toward zero, then down
+  return n > t ? n - 1.f : n;
+#endif
+}
+
 // exp(x) for x <= 0 (scores minus their max), 0 for -inf: range reduction and a degree-6 polynomial,
-// 16 lanes at a time (`n` is a multiple of 16), so every weight takes the same instructions.
+// each step one fma, 16 lanes at a time (`n` is a multiple of 16), so every weight takes the same
+// instructions.
 __attribute__((noinline)) void exp_block(const float* scores, float top, float* out, int64_t n) {
   typedef int32_t i16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
-  const v16 lowest = v16{} - 87.f;
+  const v16 lowest = splat(-87.f);
   for (int64_t i = 0; i < n; i += kLanes) {
     const v16 x = load(scores + i) - top;
     const v16 clamped = x < lowest ? lowest : x;
-    const v16 t = clamped * 1.44269504f + 0.5f;
-    v16 n_ = __builtin_convertvector(__builtin_convertvector(t, i16), v16);  // toward zero, then down:
-    n_ = n_ > t ? n_ - 1.f : n_;                                              // floor(t)
-    const v16 r = (clamped - n_ * 0.693145752f) - n_ * 1.42860677e-06f;
-    v16 p = v16{} + 1.f / 720.f;
-    p = p * r + 1.f / 120.f;
-    p = p * r + 1.f / 24.f;
-    p = p * r + 1.f / 6.f;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
+    const v16 n_ = floor16(fma(clamped, splat(1.44269504f), splat(0.5f)));  // the nearest power of 2
+    const v16 r = fma(n_, splat(-1.42860677e-06f), fma(n_, splat(-0.693145752f), clamped));
+    v16 p = fma(splat(1.f / 720.f), r, splat(1.f / 120.f));
+    p = fma(p, r, splat(1.f / 24.f));
+    p = fma(p, r, splat(1.f / 6.f));
+    p = fma(p, r, splat(0.5f));
+    p = fma(p, r, splat(1.f));
+    p = fma(p, r, splat(1.f));
     const i16 bits = (__builtin_convertvector(n_, i16) + 127) << 23;
     v16 scale;
     std::memcpy(&scale, &bits, sizeof(scale));
@@ -211,6 +319,13 @@ struct Layout {
   bool sees(int64_t r, int64_t pos, int64_t row) const { return pos < sinks || row >= lowest[r]; }
 };
 
+// Every lane's per-block results, kept across calls (no allocation, no page faults per forward).
+template <typename X>
+X* scratch(std::vector<X>& buffer, size_t size) {
+  if (buffer.size() < size) buffer.resize(size);
+  return buffer.data();
+}
+
 template <typename T>
 at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
                   const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored, int64_t offset,
@@ -220,12 +335,17 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
                      values.data_ptr<T>(), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
                      lowest.data_ptr<int64_t>(), anc.data_ptr<int64_t>()};
   const int64_t rows = at.rows, group = at.group, dim = at.dim, width = rows * group;  // lanes per kv head
+  const int64_t chunks = dim / kLanes;
+  const float scale = static_cast<float>(scaling);
   const int64_t min_lowest = *std::min_element(at.lowest, at.lowest + rows);
   std::vector<int64_t> blocks;  // the blocks of absolute positions some row sees, in order
   if (sinks > 0) blocks.push_back(0);
   for (int64_t b = (min_lowest + offset) / block; b <= (committed + at.depths - 1) / block; ++b)
     if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
   const int64_t nb = static_cast<int64_t>(blocks.size()), nodes = keys.size(1) - stored;
+  // held positions [whole_begin, whole_end) are cache rows every row may see, past the sinks: tiles of
+  // 16 of them take the fast paths; the others go position by position through `shared`
+  const int64_t whole_begin = std::max(sinks, min_lowest + offset), whole_end = std::min(committed, stored + offset);
 
   // Scores of every lane (row r, query head g of the kv head) against the new tokens, per kv head.
   std::vector<float> node_scores(at.kv * nodes * width);  // [kv][node][lane]
@@ -238,93 +358,115 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
     }
   for (int64_t head = 0; head < at.kv; ++head)
     for (int64_t node = 0; node < nodes; ++node)
-      key_dots(at.key(head, stored + node), all_queries.data() + head * 2 * width, width, dim,
-               static_cast<float>(scaling), node_scores.data() + (head * nodes + node) * width, 1);
+      key_dots(at.key(head, stored + node), all_queries.data() + head * 2 * width, width, dim, scale,
+               node_scores.data() + (head * nodes + node) * width, 1);
 
-  // Per (kv head, block): scores, then after the max over all blocks, weights and sums.
-  std::vector<float> scores(at.kv * nb * width * block, kNegInf), block_top(at.kv * nb * width, kNegInf);
+  // Per (kv head, block), in one pass while its keys and values are at hand: each lane's scores, their
+  // maximum `top`, weights exp(score - top), and the block's weight sum and weighted values (float32).
+  static thread_local std::vector<float> tops, sums, accs;
+  float* block_top = scratch(tops, at.kv * nb * width);
+  float* block_sum = scratch(sums, at.kv * nb * width);
+  float* block_acc = scratch(accs, at.kv * nb * width * dim);
+  const bool transposed = width >= kTransposeWidth;
   at::parallel_for(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> widened(kWidens<T> && width > kGroup ? kLanes * dim : 0);  // 16 keys, widened once
+    static thread_local std::vector<float> scores_buffer, keys_buffer, values_buffer;
+    static thread_local Held<T> held;
+    static thread_local Held<float> wide_held;
+    float* scores = scratch(scores_buffer, width * block);  // [lane][position in the block], then the weights
+    float* tile = scratch(keys_buffer, kLanes * dim);  // 16 keys widened (exact), row by row or transposed
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item / nb, first = blocks[item % nb] * block;
-      float* s = scores.data() + item * width * block;
       const float* const* queries = all_queries.data() + head * 2 * width;
-      const T* keys16[kLanes];
-      for (int64_t j = 0; j < block; j += kLanes) {
-        bool whole = first + j >= sinks;  // 16 held positions past the sinks: 16 scores per query at once
-        for (int64_t l = 0; l < kLanes && whole; ++l) {
-          const int64_t row = at.shared(first + j + l, min_lowest);
-          whole = row >= 0;
-          keys16[l] = whole ? at.key(head, row) : nullptr;
+      // the next block's keys and values, fetched a tile at a time while this one computes: a plain
+      // step does too little arithmetic per key for the hardware's prefetcher alone to keep up
+      const char *next_k = nullptr, *next_v = nullptr;
+      int64_t next_rows = 0;
+      if (item + 1 < end) {
+        const int64_t next_head = (item + 1) / nb, next_first = blocks[(item + 1) % nb] * block;
+        const int64_t row0 = std::max<int64_t>(0, next_first - offset), row1 = std::min(stored, next_first + block - offset);
+        if (row1 > row0) {
+          next_k = reinterpret_cast<const char*>(at.key(next_head, row0));
+          next_v = reinterpret_cast<const char*>(at.value(next_head, row0));
+          next_rows = row1 - row0;
         }
-        if (whole) {
-          if (widened.empty()) {
-            for (int64_t lane = 0; lane < width; ++lane)
-              query_dots(queries[lane], keys16, dim, static_cast<float>(scaling), s + lane * block + j);
-          } else {  // many lanes read each key: widen the 16 keys once (exact), not once per lane
-            const float* wide16[kLanes];
-            for (int64_t l = 0; l < kLanes; ++l) wide16[l] = widen(keys16[l], widened.data() + l * dim, dim);
-            for (int64_t lane = 0; lane < width; ++lane)
-              query_dots(queries[lane], wide16, dim, static_cast<float>(scaling), s + lane * block + j);
+      }
+      const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
+      for (int64_t j = 0; j < block; j += kLanes) {
+        if (kPrefetch && stored > 0) {
+          // the next 16 keys, and this block's values for later, while these keys are scored: the reads
+          // come in bursts between long stretches of arithmetic, and would each wait on memory
+          const int64_t next = first + j + kLanes - offset, these = first + j - offset;
+          for (int64_t l = 0; l < kLanes; ++l) {
+            const char* k = reinterpret_cast<const char*>(at.key(head, std::min(next + l, stored - 1)));
+            const char* v = reinterpret_cast<const char*>(at.value(head, std::clamp<int64_t>(these + l, 0, stored - 1)));
+            for (int64_t byte = 0; byte < dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
+              __builtin_prefetch(k + byte, 0, 3);
+              __builtin_prefetch(v + byte, 0, 2);
+            }
+          }
+        }
+        if (first + j >= whole_begin && first + j + kLanes <= whole_end) {  // 16 held keys every lane may see
+          const T* key0 = at.key(head, first + j - offset);
+          if (transposed) {
+            transpose_keys(key0, at.k_pos, tile, chunks);
+            tile_scores(queries, width, tile, chunks, scale, scores + j, block);
+          } else {
+            const T* keys16[kLanes];  // few lanes: each reads (and widens) the keys itself
+            for (int64_t l = 0; l < kLanes; ++l) keys16[l] = key0 + l * at.k_pos;
+            for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], keys16, dim, scale, scores + lane * block + j);
           }
           continue;
         }
+        for (int64_t lane = 0; lane < width; ++lane) store(scores + lane * block + j, v16{} + kNegInf);
         for (int64_t l = j; l < j + kLanes; ++l) {
           const int64_t pos = first + l, row = at.shared(pos, min_lowest);
           if (row < 0) continue;
-          key_dots(at.key(head, row), queries + (pos < sinks ? width : 0), width, dim, static_cast<float>(scaling),
-                   s + l, block);
+          key_dots(at.key(head, row), queries + (pos < sinks ? width : 0), width, dim, scale, scores + l, block);
         }
       }
+      float* top = block_top + item * width;
       for (int64_t lane = 0; lane < width; ++lane) {
+        float* s = scores + lane * block;
         const int64_t r = lane / group;
         // held positions below the row's own lowest are not seen (the sinks always are)
         const int64_t hidden_end = std::min(first + block, at.lowest[r] + offset);
-        for (int64_t pos = std::max(first, sinks); pos < hidden_end; ++pos) s[lane * block + pos - first] = kNegInf;
+        for (int64_t pos = std::max(first, sinks); pos < hidden_end; ++pos) s[pos - first] = kNegInf;
         for (int64_t t = std::max<int64_t>(0, first - committed); t < at.depths && committed + t < first + block; ++t) {
           const int64_t node = at.anc[r * at.depths + t];
-          if (node >= 0) s[lane * block + committed + t - first] = node_scores[(head * nodes + node) * width + lane];
+          if (node >= 0) s[committed + t - first] = node_scores[(head * nodes + node) * width + lane];
         }
-        v16 top = load(s + lane * block);  // the max is exact in any order
+        v16 best = load(s);  // the max is exact in any order
         for (int64_t j = kLanes; j < block; j += kLanes) {
-          const v16 x = load(s + lane * block + j);
-          top = x > top ? x : top;
+          const v16 x = load(s + j);
+          best = x > best ? x : best;
         }
-        float* best = block_top.data() + item * width + lane;
-        for (int64_t l = 0; l < kLanes; ++l) *best = std::max(*best, top[l]);
+        float m = best[0];
+        for (int64_t l = 1; l < kLanes; ++l) m = std::max(m, best[l]);
+        top[lane] = m;
+        if (m == kNegInf)  // a block the row does not see: no weights
+          std::fill(s, s + block, 0.f);
+        else
+          exp_block(s, m, s, block);
       }
-    }
-  });
-
-  std::vector<float> row_top(at.kv * width, kNegInf);  // per kv head and lane, over every block
-  for (int64_t head = 0; head < at.kv; ++head)
-    for (int64_t b = 0; b < nb; ++b)
-      for (int64_t lane = 0; lane < width; ++lane)
-        row_top[head * width + lane] = std::max(row_top[head * width + lane], block_top[(head * nb + b) * width + lane]);
-
-  std::vector<float> block_sum(at.kv * nb * width, 0.f), block_acc(at.kv * nb * width * dim, 0.f);
-  at::parallel_for(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> weights(width * block), widened_values;
-    Held<T> held;
-    Held<float> wide_held;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t head = item / nb, first = blocks[item % nb] * block;
-      const float* s = scores.data() + item * width * block;
-      for (int64_t lane = 0; lane < width; ++lane)
-        exp_block(s + lane * block, row_top[head * width + lane], weights.data() + lane * block, block);
-      float* sum = block_sum.data() + item * width;
-      float* acc = block_acc.data() + item * width * dim;
-      const int64_t chunks = dim / kLanes;
+      const float* weights = scores;
+      float* sum = block_sum + item * width;
+      float* acc = block_acc + item * width * dim;
       held.clear();  // the positions of the block some row sees, in order
-      for (int64_t j = 0; j < block; ++j)
-        if (const int64_t row = at.shared(first + j, min_lowest); row >= 0) held.push_back({j, at.value(head, row)});
+      for (int64_t j = 0; j < block; ++j) {
+        const int64_t pos = first + j;
+        if (pos >= whole_begin && pos < whole_end) {
+          held.push_back({j, at.value(head, pos - offset)});
+        } else if (const int64_t row = at.shared(pos, min_lowest); row >= 0) {
+          held.push_back({j, at.value(head, row)});
+        }
+      }
       auto value_lanes = [&](const auto& values) {
         for (int64_t lane0 = 0; lane0 < width; lane0 += kGroup) {  // kGroup lanes at a time, in registers
           const int64_t lanes = std::min(kGroup, width - lane0);
           const float* w[kGroup];
           float* out[kGroup];
           for (int64_t g = 0; g < lanes; ++g) {
-            w[g] = weights.data() + (lane0 + g) * block;
+            w[g] = weights + (lane0 + g) * block;
             out[g] = acc + (lane0 + g) * dim;
           }
           if (chunks == 4)
@@ -334,10 +476,10 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
         }
       };
       if (kWidens<T> && width > kGroup) {  // several passes over the block's values: widen them once (exact)
-        widened_values.resize(held.size() * dim);
+        float* widened = scratch(values_buffer, held.size() * dim);
         wide_held.clear();
         for (size_t i = 0; i < held.size(); ++i)
-          wide_held.push_back({held[i].first, widen(held[i].second, widened_values.data() + i * dim, dim)});
+          wide_held.push_back({held[i].first, widen(held[i].second, widened + i * dim, dim)});
         value_lanes(wide_held);
       } else {
         value_lanes(held);
@@ -351,25 +493,37 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           const T* v = at.value(head, stored + node);
           sum[lane] = sum[lane] + w;
           float* out = acc + lane * dim;
-          for (int64_t c = 0; c < chunks; ++c) store(out + c * kLanes, fma(w + v16{}, load(v + c * kLanes), load(out + c * kLanes)));
+          for (int64_t c = 0; c < chunks; ++c) store(out + c * kLanes, fma(splat(w), load(v + c * kLanes), load(out + c * kLanes)));
         }
       }
     }
   });
 
+  // Each lane's blocks, in block order and float64, each scaled by exp(its top - the lane's top) (from
+  // exp_block, 16 blocks at a time).
   at::Tensor result = at::empty({rows, at.heads, dim}, q.options());
   float* out = result.data_ptr<float>();
+  const int64_t padded = (nb + kLanes - 1) / kLanes * kLanes;
   at::parallel_for(0, at.kv * width, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> total(dim);
+    std::vector<float> tops_of(padded, kNegInf), factors(padded);
     for (int64_t index = begin; index < end; ++index) {
       const int64_t head = index / width, lane = index % width;
+      float overall = kNegInf;
+      for (int64_t b = 0; b < nb; ++b) {
+        tops_of[b] = block_top[(head * nb + b) * width + lane];
+        overall = std::max(overall, tops_of[b]);
+      }
+      exp_block(tops_of.data(), overall, factors.data(), padded);
       double weight = 0.0;
       std::fill(total.begin(), total.end(), 0.0);
       for (int64_t b = 0; b < nb; ++b) {
+        if (tops_of[b] == kNegInf) continue;  // a block the lane does not see
         const int64_t item = head * nb + b;
-        weight += block_sum[item * width + lane];
-        const float* a = block_acc.data() + (item * width + lane) * dim;
-        for (int64_t d = 0; d < dim; ++d) total[d] += a[d];
+        const double factor = factors[b];
+        weight += factor * block_sum[item * width + lane];
+        const float* a = block_acc + (item * width + lane) * dim;
+        for (int64_t d = 0; d < dim; ++d) total[d] += factor * a[d];
       }
       float* o = out + ((lane / group) * at.heads + head * group + lane % group) * dim;
       for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<float>(total[d] / weight);

@@ -34,6 +34,12 @@ inline v16 load(const c10::Half* p) {
 #endif
 }
 
+// x in every lane: a plain broadcast (x + v16{} would add +0.0, an instruction, and turn -0.0 into +0.0).
+inline v16 splat(float x) {
+  v16 v = {x};
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
 // a * b + c, rounded once, on every machine (one instruction where the CPU has it).
 inline v16 fma(v16 a, v16 b, v16 c) {
 #if defined(__AVX512F__)
