@@ -119,3 +119,15 @@ def test_costs_learn_a_price_per_row_and_for_the_draft_pass() -> None:
     assert costs.estimate(LOOKUP, 17) == pytest.approx(9.0)
     costs.record(PASS, 5, 0.050)  # 5 steps: 3 for its rows, so 2 for the draft pass
     assert costs.draft.get(0.0) == pytest.approx(2.0)
+
+
+def test_tuner_learns_acceptance_from_the_steps_a_plan_runs_too() -> None:
+    tuner = Tuner([PLAIN, LOOKUP])
+    tuner.record(PLAIN, 1, 0.01)
+    tuner.observe(LOOKUP, 8, 17)  # one lucky shadow
+    chosen = []
+    for _ in range(20):  # then no shadow for a while; the lookup runs and accepts nothing
+        plan = tuner.next()
+        chosen.append(plan)
+        tuner.record(plan, 1, 0.02 if plan == LOOKUP else 0.01, rows=17 if plan == LOOKUP else 1)
+    assert chosen[0] == LOOKUP and chosen[-1] == PLAIN and chosen.count(LOOKUP) <= 8  # not all 20

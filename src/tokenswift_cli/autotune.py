@@ -195,9 +195,16 @@ class Tuner:
         arm.rows.add(rows)
 
     def record(self, plan: Plan, tokens: int, seconds: float, rows: int = 1) -> None:
-        """One iteration of `plan`, a tree of `rows` rows, committed `tokens` in `seconds`."""
+        """One iteration of `plan`, a tree of `rows` rows, committed `tokens` in `seconds`.
+
+        Its acceptance counts as a shadow's: shadows are drafted only now and then, and a plan that
+        runs on a few lucky shadows must learn from its own steps that the luck ran out.
+        """
         steps = self.costs.record(plan, rows, seconds)
-        if steps is not None and len(self.arms) > 1:
+        if len(self.arms) == 1 or plan.source == "plain":
+            return
+        self.observe(plan, tokens - 1, rows)
+        if steps is not None:
             self._arm(plan).steps.add(steps)
 
     def _arm(self, plan: Plan) -> _Arm:
