@@ -20,7 +20,7 @@ import torch
 
 from .autotune import Plan, Tuner
 from .config import SamplingConfig
-from .draft import Drafts, candidate_trie, head_logits
+from .draft import Drafts, candidate_trie, head_logits, propose
 from .heads import DraftHeads
 from .lookup import Match
 from .sampling import target_scores
@@ -71,13 +71,15 @@ class Shadows:
     ) -> None:
         """Draft, within the budget, what `tuner`'s plans would have at this iteration (before its commit)."""
         plans, start = tuner.shadowed(), len(state.tokens) + 1
+        if not plans:  # one plan, nothing to choose: plain decoding, or a plan given on the command line
+            return
         budget = self._share * (time.perf_counter() - self._began)
         for kind in self._spent:
             if self._spent[kind] > budget:
                 continue
             began = time.perf_counter()
             if kind == "free":
-                tries = _free_tries(state, plans, match)
+                tries = _free_tries(target, state, plans, match, sampling)
             else:
                 tries = _head_tries(
                     target, heads, state, plans, verified=verified, accepted=accepted, sampling=sampling
@@ -108,25 +110,15 @@ class Shadows:
         self._watching = waiting
 
 
-def _free_tries(state: GenerationState, plans: Sequence[Plan], match: Match) -> list[tuple[Plan, TreeBuilder, int]]:
+def _free_tries(
+    target: Target, state: GenerationState, plans: Sequence[Plan], match: Match, sampling: SamplingConfig
+) -> list[tuple[Plan, TreeBuilder, int]]:
     """The tries of the plans that draft from the text alone (n-grams, lookups), rooted at the root."""
     tries = []
     for plan in plans:
-        if plan.source == "ngram":
-            tries.append(
-                (plan, candidate_trie(state.root, Drafts(levels=(), ngram_key="root"), state.ngrams, plan.draft), 0)
-            )
-        elif plan.source == "lookup":
-            chain = match.draft(plan.draft.lookup_length or 0)
-            tries.append(
-                (
-                    plan,
-                    candidate_trie(
-                        state.root, Drafts(levels=(), chain=chain) if chain else None, state.ngrams, plan.draft
-                    ),
-                    0,
-                )
-            )
+        if plan.source in ("ngram", "lookup"):  # the plans' own drafts: `propose` reads no model for these
+            drafts = propose(target, None, state, plan, leaf=None, match=match, sampling=sampling)
+            tries.append((plan, candidate_trie(state.root, drafts, state.ngrams, plan.draft), 0))
     return tries
 
 
