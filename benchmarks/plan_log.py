@@ -4,7 +4,8 @@
 
 Prefills the first --context tokens of Milton with the bench's model (4-bit weights, float32), then
 runs plain decoding and TokenSwift (`--draft auto`) on copies of that state, taking turns over
---repeats. Prints the time of each, the per-phase seconds of TokenSwift, and per plan: steps,
+--repeats. Prints the time of each, both methods' phases in ms per step ("loop": the loop's own
+bookkeeping, outside the phases), and per plan: steps,
 tokens, seconds in plain steps (the median plain step of the plain run) and the excess over one
 plain step per token; then the first steps' plans.
 """
@@ -53,18 +54,26 @@ def main() -> None:
     autotune.Tuner.record = logged  # type: ignore[method-assign]
     seconds: dict[str, list[float]] = collections.defaultdict(list)
     logs: dict[str, list[tuple[str, int, float]]] = {}
+    phases: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    steps_run: dict[str, int] = collections.Counter()
     for repeat in range(args.repeats):
         for method in ("plain", "tokenswift") if repeat % 2 == 0 else ("tokenswift", "plain"):
             steps.clear()
             run = bench._engine(method, case, prefilled)
             seconds[method].append(run.seconds)
             logs[method] = list(steps)
-            if method == "tokenswift":
-                phases = {k: round(v, 3) for k, v in run.stats.seconds.items() if v}
+            for name, value in run.stats.seconds.items():
+                phases[method][name] += value
+            phases[method]["loop"] += run.seconds - run.stats.decode_seconds
+            steps_run[method] += run.stats.iterations
     unit = statistics.median(s for _, _, s in logs["plain"])
     plain, fast = sum(seconds["plain"]), sum(seconds["tokenswift"])
     print(f"plain {plain:.2f} s, TokenSwift {fast:.2f} s: {plain / fast:.3f}x; a plain step {1000 * unit:.1f} ms")
-    print("TokenSwift's phases (s):", phases)
+    print("| ms per step | " + " | ".join(phases["plain"]) + " |")
+    print("| --- " * (1 + len(phases["plain"])) + "|")
+    for method in ("plain", "tokenswift"):
+        per_step = [1000 * phases[method][name] / steps_run[method] for name in phases["plain"]]
+        print(f"| {method} | " + " | ".join(f"{ms:.2f}" for ms in per_step) + " |")
     print("| plan | steps | tokens | plain steps' time | excess |")
     print("| --- | --- | --- | --- | --- |")
     by_plan: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0])
