@@ -9,8 +9,12 @@ context (its path), so the contextual penalty sees the candidate's ancestors too
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
+import itertools
+import math
+import sys
 
 import torch
 from transformers import (
@@ -57,17 +61,53 @@ def _processors(cfg: SamplingConfig) -> LogitsProcessorList:
 
 def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Processed scores `[vocab]` for the next token after `context` (the path's last tokens, `[<= W]`)."""
-    scores = logits.float()[None].clone()  # [1, vocab]
+    scores = logits.float().clone()  # [vocab]
     if cfg.suppress_token_ids:
-        scores[0, list(cfg.suppress_token_ids)] = -float("inf")
+        scores[list(cfg.suppress_token_ids)] = -float("inf")
     if cfg.scripts:
-        scores[0, _script_filter(cfg).banned(context[-4:].tolist()).to(scores.device)] = -float("inf")
+        scores[_script_filter(cfg).banned(context[-4:].tolist()).to(scores.device)] = -float("inf")
     if cfg.dry_multiplier is not None:
-        scores[0] -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
+        scores -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
     window = context[-cfg.penalty_window :]  # [<= W]
     if cfg.penalty_scope == "word" and cfg.penalty is not None and cfg.penalty != 1.0:
         window = _word_forms(cfg).penalised(window)  # [<= W * k]: every spelling of the window's words
-    return _processors(cfg)(window.to(scores.device)[None], scores)[0]
+    window = window.to(scores.device)
+    processors = _processors(cfg)
+    if all(type(processor) in _FAST_PROCESSORS for processor in processors):
+        for processor in processors:
+            scores = _FAST_PROCESSORS[type(processor)](processor, window, scores)
+        return scores
+    for processor in processors:  # called directly: `LogitsProcessorList.__call__` inspects each signature per call
+        scores = processor(window[None], scores[None])[0]
+    return scores
+
+
+def _penalise(processor: RepetitionPenaltyLogitsProcessor, window: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`RepetitionPenaltyLogitsProcessor`, in place on the window's entries only."""
+    ids = window[window < scores.shape[-1]]  # the processor drops ids beyond the scores
+    picked = scores.index_select(0, ids)
+    # A repeated id writes the same value each time: each is computed from the unpenalised score.
+    return scores.scatter_(0, ids, torch.where(picked < 0, picked * processor.penalty, picked / processor.penalty))
+
+
+def _divide(processor: TemperatureLogitsWarper, window: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`TemperatureLogitsWarper`, in place."""
+    return scores.div_(processor.temperature)
+
+
+def _cut_min_p(processor: MinPLogitsWarper, window: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`MinPLogitsWarper` (keeping one token), in place, without its top-k and out-of-place fill."""
+    probs = torch.softmax(scores, dim=-1)
+    # min_p < 1, so the top token is never below min_p times itself: the warper's keep-the-top-token step is a no-op.
+    return scores.masked_fill_(probs < processor.min_p * probs.max(), processor.filter_value)
+
+
+# Bit-identical to transformers' processors (tests/test_sampling_fast.py); other processors take the general path.
+_FAST_PROCESSORS = {
+    RepetitionPenaltyLogitsProcessor: _penalise,
+    TemperatureLogitsWarper: _divide,
+    MinPLogitsWarper: _cut_min_p,
+}
 
 
 def _script_filter(cfg: SamplingConfig) -> ScriptFilter:
@@ -124,7 +164,42 @@ def choose(logits: torch.Tensor, context: torch.Tensor, position: int, cfg: Samp
     scores = target_scores(logits, context, cfg)
     if cfg.greedy:
         return int(scores.argmax())
+    u = position_uniform(cfg.seed, position)
+    kept = torch.nonzero(scores != -float("inf")).flatten()  # NaN and +inf stay: they fail the check below
+    if 0 < kept.numel() <= MAX_SEARCHED:
+        token = _draw_kept(kept.tolist(), scores[kept].tolist(), u)
+        if token is not None:
+            return token
+    return _draw_full(scores, u)
+
+
+MAX_SEARCHED = 1024  # more finite scores (no min-p): the CDF over the whole vocabulary is as cheap
+
+
+def _draw_kept(tokens: list[int], scores: list[float], u: float) -> int | None:
+    """The inverse CDF at `u` over the finite scores only, or None when it might not be the full CDF's.
+
+    The full CDF is flat at the -inf scores (their probabilities are exact zeros, and cumsum adds them
+    in order), so its steps are these ones, up to rounding: the normaliser is summed in another order
+    here, and exp may differ by an ulp. Each value, and the target, then differs from the full CDF's by
+    under (2n + 6) eps of the total, so a target farther than 8 (n + 2) eps from both steps around it
+    picks the full CDF's token.
+    """
+    top = max(scores)
+    weights = [math.exp(score - top) for score in scores]
+    scale = 1.0 / sum(weights)
+    cdf = list(itertools.accumulate(weight * scale for weight in weights))
+    target = u * cdf[-1]
+    k = min(bisect.bisect_left(cdf, target), len(cdf) - 1)
+    below = cdf[k - 1] if k > 0 else 0.0
+    rounding = 8 * (len(cdf) + 2) * sys.float_info.epsilon * cdf[-1]
+    if below + rounding < target < cdf[k] - rounding:
+        return tokens[k]
+    return None
+
+
+def _draw_full(scores: torch.Tensor, u: float) -> int:
+    """The inverse CDF at `u` over the whole vocabulary."""
     cdf = torch.softmax(scores.double(), dim=-1).cumsum(0)  # [vocab]
-    u = position_uniform(cfg.seed, position) * float(cdf[-1])
-    token = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype)))
+    token = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype)))
     return min(token, cdf.shape[0] - 1)
