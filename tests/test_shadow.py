@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from helpers import random_heads, random_prompt, tiny_target
 
+from tokenswift_cli import decode
 from tokenswift_cli.autotune import Plan, Tuner
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.decode import generate_tokens
 from tokenswift_cli.draft import Drafts, candidates, propose
 from tokenswift_cli.shadow import Shadows, _head_tries
 from tokenswift_cli.state import prefill
-from tokenswift_cli.tree import trie
+from tokenswift_cli.tree import Tree, trie
 from tokenswift_cli.verify import accept, verify
 
 LOOKUP = Plan("lookup", DraftConfig(source="lookup", lookup_length=8))
@@ -61,7 +64,22 @@ def test_a_shadow_accepts_what_verifying_the_same_draft_accepts(sampling: Sampli
     assert sum(verified_counts) > 0
 
 
-def test_auto_mode_on_text_nothing_drafts_runs_plain_steps() -> None:
+class CpuClock:
+    """A clock on which only verification takes time, as rows cost on a CPU at long context: one
+    plain step (1 ms) plus 0.3 of one per extra row. Shadows then take no time and run every step."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def verify(self, target: object, tree: Tree, cache: object) -> object:
+        self.now += 1e-3 * (1.0 + 0.3 * (tree.size - 1))
+        return verify(target, tree, cache)  # type: ignore[arg-type]
+
+
+def test_auto_mode_on_text_nothing_drafts_runs_plain_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = CpuClock()  # timing on a tiny model is noise (rows nearly free): the costs come from this clock
+    monkeypatch.setattr(time, "perf_counter", lambda: clock.now)
+    monkeypatch.setattr(decode, "verify", clock.verify)
     target = tiny_target("qwen2", seed=3)
     draft = DraftConfig(auto=True, partial_budget=64, sink_tokens=4, recent_window=16)
     cfg = RunConfig(max_new_tokens=150, sampling=SAMPLED, draft=draft)
