@@ -20,10 +20,9 @@ import torch
 
 from .autotune import Plan, Tuner
 from .config import SamplingConfig
-from .draft import Drafts, candidate_trie, head_logits, propose
+from .draft import Drafts, candidate_trie, head_logits, propose, top_tokens
 from .heads import DraftHeads
 from .lookup import Match
-from .sampling import target_scores
 from .state import GenerationState
 from .target import Target
 from .tree import Tree, TreeBuilder
@@ -145,7 +144,7 @@ def _head_tries(
     rows = [verified.logits[0], *head_logits(target, heads, verified.pre_norm[0])]  # depths 1, 2, ... below the root
     context = torch.tensor([*state.tokens[-sampling.context_length :], state.root], dtype=torch.long)
     widest = max(max(p.draft.tree, default=1) for p in wanted)
-    ranked = [target_scores(row, context, sampling).topk(widest).indices.tolist() for row in rows]
+    ranked = top_tokens(rows, context, [widest] * len(rows), sampling)
     tries = []
     for plan in wanted:
         if plan.source == "pass":
