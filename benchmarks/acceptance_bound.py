@@ -29,14 +29,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tokenswift_cli.cache import FullCache
-from tokenswift_cli.checkpoint import read_manifest
 from tokenswift_cli.config import ModelSpec, RunConfig
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.ngram import NGramTable
-from tokenswift_cli.rope import apply_rope, plan_rope
-from tokenswift_cli.sampling import target_scores
-from tokenswift_cli.target import Target
+from tokenswift_cli.engine.ngram import NGramTable
+from tokenswift_cli.model.cache import FullCache
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.rope import apply_rope, plan_rope
+from tokenswift_cli.model.target import Target
+from tokenswift_cli.runs.checkpoint import read_manifest
+from tokenswift_cli.sampling.distribution import target_scores
 
 SHAPES = {"chain-1": (1,), "chain-2": (1, 1), "chain-4": (1, 1, 1, 1), "3": (3,), "3,3,3": (3, 3, 3),
           "1,3,3,3": (1, 3, 3, 3), "8,8,8,8": (8, 8, 8, 8)}  # fmt: skip

@@ -12,16 +12,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.state import prefill
-from tokenswift_cli.target import Target
+from tokenswift_cli.data import DEFAULT_TEXT
+from tokenswift_cli.engine.state import prefill
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.target import Target
 
-BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
+BOOK = DEFAULT_TEXT
 
 
 def main() -> None:

@@ -18,19 +18,20 @@ from pathlib import Path
 
 import torch
 
-from tokenswift_cli.cache import FullCache
 from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.state import full_capacity, prefill
-from tokenswift_cli.target import Target
+from tokenswift_cli.data import DEFAULT_TEXT
+from tokenswift_cli.engine.state import full_capacity, prefill
+from tokenswift_cli.model.cache import FullCache
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.target import Target
 
-BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
+BOOK = DEFAULT_TEXT
 
 
 def narrowed(full: FullCache, cfg: RunConfig, prefix: int) -> FullCache:
     """A copy of `full` stored in float16, with the same capacity and window."""
     copy = FullCache(len(full.layer_list), full_capacity(cfg, prefix), window=full.window, dtype=torch.float16)
-    for (start, end) in full.held():
+    for start, end in full.held():
         if start > copy.length:
             copy.skip_to(start)
         for index in range(len(full.layer_list)):

@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tokenswift_cli.data import DEFAULT_TEXT
+
 MIB = 2**20
-BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
+BOOK = DEFAULT_TEXT
 
 
 def status() -> dict[str, float]:
@@ -49,12 +51,13 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from tokenswift_cli import decode, defaults
-    from tokenswift_cli.checkpoint import Checkpointer
     from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig
-    from tokenswift_cli.run_model import bind_scripts, fit_window, load_run_model, suppress_eos, unscaled
-    from tokenswift_cli.state import prefill
-    from tokenswift_cli.textstream import StreamState
+    from tokenswift_cli.engine import decode
+    from tokenswift_cli.engine.state import prefill
+    from tokenswift_cli.runs.checkpoint import Checkpointer
+    from tokenswift_cli.runs.run_model import bind_scripts, fit_window, load_run_model, suppress_eos, unscaled
+    from tokenswift_cli.runs.textstream import StreamState
+    from tokenswift_cli.sampling import defaults
 
     stage("imports (torch, transformers, tokenswift)")
     spec = ModelSpec()  # as `write`: loaded unscaled, the automatic window resolved from the run's length

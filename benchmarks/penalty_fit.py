@@ -5,7 +5,7 @@ setting's target distribution (the engine's own `sampling.target_scores`, penalt
 text's real preceding tokens) is then scored on the true next token. A setting that is too harsh
 pushes real text's own words down (higher NLL than the raw model) and filters them out (coverage).
 
-    .venv/bin/python benchmarks/penalty_fit.py ../shared/data/prefixes/britannica-shakespeare-biography.txt
+    .venv/bin/python benchmarks/penalty_fit.py src/tokenswift_cli/data/texts/britannica-shakespeare-biography.txt
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from tokenswift_cli.config import ModelSpec, SamplingConfig
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.sampling import target_scores
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.sampling.distribution import target_scores
 
 SETTINGS = {
     "raw (t=1, nothing else)": SamplingConfig(temperature=1.0),

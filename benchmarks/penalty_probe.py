@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from tokenswift_cli.config import ModelSpec, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.state import prefill
-from tokenswift_cli.target import Target
+from tokenswift_cli.engine.decode import generate
+from tokenswift_cli.engine.state import prefill
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.target import Target
 
 torch.set_num_threads(1)
 penalty = float(sys.argv[1])

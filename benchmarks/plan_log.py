@@ -18,11 +18,11 @@ import statistics
 
 import torch
 
-from tokenswift_cli import autotune
-from tokenswift_cli.bench import Bench
-from tokenswift_cli.bench_models import BenchRequest, open_model, prefix_tokens
+from tokenswift_cli.bench.harness import Bench
+from tokenswift_cli.bench.models import BenchRequest, open_model, prefix_tokens
 from tokenswift_cli.config import ContextWindow
-from tokenswift_cli.state import prefill
+from tokenswift_cli.engine.auto import tuner as autotune
+from tokenswift_cli.engine.state import prefill
 
 
 def main() -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from tokenswift_cli.config import ModelSpec, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate
-from tokenswift_cli.loading import eos_token_ids, load_model
-from tokenswift_cli.state import prefill
-from tokenswift_cli.target import Target
+from tokenswift_cli.engine.decode import generate
+from tokenswift_cli.engine.state import prefill
+from tokenswift_cli.model.loading import eos_token_ids, load_model
+from tokenswift_cli.model.target import Target
 
 
 def main() -> None:

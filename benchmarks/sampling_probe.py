@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tokenswift_cli import scripts
 from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig
-from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.quality import degenerate_share, distinct_n, repeated_sentence_rate, stretches
-from tokenswift_cli.target import Target
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.target import Target
+from tokenswift_cli.quality.measures import degenerate_share, distinct_n, repeated_sentence_rate, stretches
+from tokenswift_cli.sampling import scripts
 
 
 def main() -> None:

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
-from tokenswift_cli import attention
-from tokenswift_cli.cache import FullCache
 from tokenswift_cli.config import ModelSpec
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.target import Target
+from tokenswift_cli.data import DEFAULT_TEXT
+from tokenswift_cli.model import attention
+from tokenswift_cli.model.cache import FullCache
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.target import Target
 
-PREFIX = Path(__file__).resolve().parents[2] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
+PREFIX = DEFAULT_TEXT
 
 
 def main() -> None:

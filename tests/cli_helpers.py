@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
-from tokenswift_cli.cli import app
+from tokenswift_cli.cli.app import app
 
 _SYLLABLES = ["ka", "lo", "mi", "ren", "tha", "vos", "quel", "dri", "sun", "bar", "ne", "pho", "gru", "ish"]
 _rng = random.Random(0)
@@ -62,8 +62,8 @@ def one_thread() -> Iterator[None]:
 
 def save_tiny_heads(model_folder: Path, path: Path) -> Path:
     """Random draft heads tagged with the tiny model's fingerprint."""
-    from tokenswift_cli.heads import DraftHeads, save_heads
-    from tokenswift_cli.loading import folder_fingerprint
+    from tokenswift_cli.model.heads import DraftHeads, save_heads
+    from tokenswift_cli.model.loading import folder_fingerprint
 
     torch.manual_seed(0)
     heads = DraftHeads(64, 3)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from conftest import VOCAB, tiny_model
 
-from tokenswift_cli.heads import DraftHeads
-from tokenswift_cli.target import Target
+from tokenswift_cli.model.heads import DraftHeads
+from tokenswift_cli.model.target import Target
 
 
 def tiny_target(family: str, seed: int = 0) -> Target:
@@ -36,7 +36,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 def assert_windowed_sampling_is_lossless(target: Target, tokens: int = 200, kv_cache: str = "auto") -> None:
     """Seeded sampling under a 64-token window: TokenSwift writes plain decoding's text, in fewer steps."""
     from tokenswift_cli.config import ContextWindow, RunConfig, SamplingConfig
-    from tokenswift_cli.decode import generate_tokens
+    from tokenswift_cli.engine.decode import generate_tokens
 
     heads, prompt = random_heads(target), random_prompt(60)
     sampling = SamplingConfig(temperature=1.0, min_p=0.05, seed=5)
@@ -45,18 +45,3 @@ def assert_windowed_sampling_is_lossless(target: Target, tokens: int = 200, kv_c
     plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     fast, stats = generate_tokens(target, heads, prompt, cfg)
     assert first_divergence(fast, plain) is None and stats.iterations < tokens
-
-
-def tiny_word_forms():  # type: ignore[no-untyped-def]
-    """Word forms of a VOCAB-token vocabulary for the tiny models: 24 words spelt three ways each
-    (" lamp", "Lamp", " LAMP"), 18 spelt once, and whitespace, punctuation and a lone UTF-8 byte, so
-    that a word-scope penalty reaches tokens a token-scope one does not."""
-    from tokenswift_cli.wordforms import WordForms
-
-    words = "lamp keeper sea angel night light stone wave ship rock bell tide cliff gull storm oar sail fog moon "
-    words += "star salt rope door tower"
-    once = "a an the of to in and or but so if at by on up out as it"
-    pieces = [p.encode() for w in words.split() for p in (f" {w}", w.capitalize(), f" {w.upper()}")]
-    pieces += [f" {w}".encode() for w in once.split()] + [b" ", b".", b",", b"\n", " \u2014".encode(), b"\xc3"]
-    assert len(pieces) == VOCAB
-    return WordForms(pieces, VOCAB)

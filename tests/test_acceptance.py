@@ -7,9 +7,9 @@ import itertools
 import torch
 
 from tokenswift_cli.config import SamplingConfig
-from tokenswift_cli.sampling import choose, target_probs
-from tokenswift_cli.tree import TreeBuilder
-from tokenswift_cli.verify import accept
+from tokenswift_cli.engine.tree import TreeBuilder
+from tokenswift_cli.engine.verify import accept
+from tokenswift_cli.sampling.distribution import choose, target_probs
 
 V = 5
 # A toy bigram "model": the next-token logits depend on the last token only.

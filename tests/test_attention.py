@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 from helpers import tiny_target
 
-from tokenswift_cli import attention
-from tokenswift_cli.attention import attend, masked_attention, pack_queries, split_attention
-from tokenswift_cli.cache import FullCache
-from tokenswift_cli.target import Target
-from tokenswift_cli.tree import build_tree
+from tokenswift_cli.engine.tree import build_tree
+from tokenswift_cli.model import attention
+from tokenswift_cli.model.attention import attend, masked_attention, pack_queries, split_attention
+from tokenswift_cli.model.cache import FullCache
+from tokenswift_cli.model.target import Target
 
 
 def reference(query, keys, values, committed: int, block_mask) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from helpers import first_divergence, random_heads, random_prompt, tiny_target
 
-from tokenswift_cli.autotune import Costs, Plan, Tuner, candidate_plans
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
+from tokenswift_cli.engine.auto.tuner import Costs, Plan, Tuner, candidate_plans
+from tokenswift_cli.engine.decode import generate_tokens
 
 SMALL = {"partial_budget": 64, "sink_tokens": 4, "recent_window": 16}
 SAMPLED = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=5)

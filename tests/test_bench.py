@@ -11,10 +11,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tokenswift_cli.bench import Bench, distinct_n, first_divergence
-from tokenswift_cli.bench_models import BenchRequest, run_bench
-from tokenswift_cli.bench_report import render_table
-from tokenswift_cli.cli_bench import parse_count, register
+from tokenswift_cli.bench.harness import Bench, distinct_n, first_divergence
+from tokenswift_cli.bench.models import BenchRequest, run_bench
+from tokenswift_cli.bench.report import render_table
+from tokenswift_cli.cli.bench import parse_count, register
 
 TINY = {
     "quick": True, "dtype": "float32", "lengths": (24,), "length_context": 16, "contexts": (48,), "context_tokens": 16,
@@ -109,7 +109,7 @@ def test_bench_times_llama_cpp_beside_the_engine(tmp_path, monkeypatch) -> None:
     import sys
     import types
 
-    from tokenswift_cli import bench_models
+    from tokenswift_cli.bench import models as bench_models
 
     fake = types.ModuleType("llama_cpp")
     fake.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)
@@ -139,7 +139,7 @@ def test_bench_times_llama_cpp_beside_the_engine(tmp_path, monkeypatch) -> None:
 
 
 def test_llama_cpp_needs_a_gguf_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tokenswift_cli.bench_llamacpp import gguf_file
+    from tokenswift_cli.bench.llamacpp import gguf_file
 
     with pytest.raises(ValueError, match="needs a GGUF model"):
         gguf_file(str(tmp_path))
@@ -149,7 +149,7 @@ def test_llama_cpp_needs_a_gguf_model(tmp_path) -> None:  # type: ignore[no-unty
 
 
 def test_auto_methods_add_llama_cpp_only_for_gguf_models(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from tokenswift_cli import bench_models
+    from tokenswift_cli.bench import models as bench_models
 
     monkeypatch.setattr(bench_models, "llama_available", lambda: True)
     assert BenchRequest().chosen_methods()[-1] == "llama_cpp"
@@ -162,7 +162,7 @@ def test_auto_methods_add_llama_cpp_only_for_gguf_models(monkeypatch) -> None:  
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
 def test_llama_cpp_continues_the_default_model() -> None:
-    from tokenswift_cli.bench_llamacpp import LlamaCpp, gguf_file
+    from tokenswift_cli.bench.llamacpp import LlamaCpp, gguf_file
     from tokenswift_cli.config import SamplingConfig
 
     llama = LlamaCpp(gguf_file("default"), context=256, threads=1, sampling=SamplingConfig(temperature=1.0, min_p=0.1))

@@ -13,13 +13,13 @@ import torch
 from cli_helpers import one_thread
 from helpers import random_heads, random_prompt, tiny_target
 
-from tokenswift_cli import checkpoint
-from tokenswift_cli.checkpoint import Checkpointer, CheckpointError, read_manifest, restore
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate
-from tokenswift_cli.durable import RunLock, is_locked
-from tokenswift_cli.state import GenerationState, prefill
-from tokenswift_cli.textstream import StreamState
+from tokenswift_cli.engine.decode import generate
+from tokenswift_cli.engine.state import GenerationState, prefill
+from tokenswift_cli.runs import checkpoint
+from tokenswift_cli.runs.checkpoint import Checkpointer, CheckpointError, read_manifest, restore
+from tokenswift_cli.runs.durable import RunLock, is_locked
+from tokenswift_cli.runs.textstream import StreamState
 
 CFG = RunConfig(
     max_new_tokens=160,

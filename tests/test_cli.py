@@ -4,7 +4,6 @@ entry point end to end on a tiny model (pipes, interrupt + resume, kill -9 + res
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 import signal
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from cli_helpers import (
     PREFIX,
     build_tiny_folder,
@@ -29,14 +27,13 @@ from cli_helpers import (
     subprocess_env,
     wait_for,
 )
-from typer.testing import CliRunner
 
-from tokenswift_cli import defaults, runner
-from tokenswift_cli.cli import register_extensions
+from tokenswift_cli.cli.options import parse_tokens
 from tokenswift_cli.config import AutoWindow, ContextWindow, DraftConfig, ModelSpec, RunConfig, SamplingConfig
-from tokenswift_cli.durable import RunLock
-from tokenswift_cli.heads import DraftHeads, save_heads
-from tokenswift_cli.options import parse_tokens
+from tokenswift_cli.model.heads import DraftHeads, save_heads
+from tokenswift_cli.runs import runner
+from tokenswift_cli.runs.durable import RunLock
+from tokenswift_cli.sampling import defaults
 
 SAMPLED = ("--temperature", "1.0", "--min-p", "0.05", "--seed", "11")
 LONG = 450  # tokens: their text (~5.5 KB) overflows the 4 KiB pipe of `start_blocked_writer`
@@ -134,7 +131,6 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
         "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4", "--lookup", "24",
-        "--penalty-scope", "word",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -145,7 +141,6 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         eta=0.01,
         penalty=1.2,
         penalty_window=64,
-        penalty_scope="word",
         seed=9,
         dry_multiplier=0.8,
         dry_base=1.3,
@@ -221,7 +216,6 @@ def test_bad_token_counts_are_one_line(captured: dict[str, Any], prefix_file: Pa
         (("--tree", "1,x"), "tree"),
         (("--mode", "fast"), "mode"),
         (("--penalty", "0"), "penalty"),
-        (("--penalty-scope", "words"), "unknown penalty scope 'words': use token or word"),
         (("--dry-base", "0.5"), "DRY base"),
         (("--device", "tpu"), "device"),
         (("--rope-scaling", "linear"), "rope scaling"),
@@ -269,36 +263,12 @@ def test_version_and_examples_in_help() -> None:
 
 def test_help_and_runs_do_not_import_torch() -> None:
     code = (
-        "import sys\nfrom typer.testing import CliRunner\nfrom tokenswift_cli.cli import app\n"
+        "import sys\nfrom typer.testing import CliRunner\nfrom tokenswift_cli.cli.app import app\n"
         "assert CliRunner().invoke(app, ['write', '--help']).exit_code == 0\n"
         "assert CliRunner().invoke(app, ['runs']).exit_code == 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env())
-
-
-def test_extensions_register_their_commands(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.util.spec_from_loader("tokenswift_cli.cli_fake", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-
-    def register(target: typer.Typer) -> None:
-        @target.command("fake")
-        def fake() -> None:
-            typer.echo("fake ran")
-
-    module.register = register  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tokenswift_cli.cli_fake", module)
-    local = typer.Typer()
-
-    @local.command()
-    def other() -> None: ...
-
-    assert register_extensions(local, names=("cli_fake", "cli_missing")) == ["cli_fake"]
-    assert CliRunner().invoke(local, ["fake"]).stdout == "fake ran\n"
-
-
-# ---- bad input through the real runner ----
 
 
 def test_unknown_run() -> None:
@@ -579,17 +549,6 @@ def test_scripts_auto_keeps_the_prefix_scripts_records_them_and_resumes_exactly(
     foreign = ("日本語".encode(), "🙂".encode())
     assert any(word in free for word in foreign) and not any(word in text for word in foreign)
     assert "café".encode() in text + free  # Latin letters stay allowed
-
-
-def test_word_scope_is_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:
-    """The word forms are built from the tokenizer on write and on resume; only the scope is recorded."""
-    scope = ("--penalty-scope", "word", "--penalty", "1.3", *SAMPLED)
-    first, run = write_in_process(tiny_folder, prefix_file, 40, *scope)
-    sampling = json.loads((run / "settings.json").read_text())["run_config"]["sampling"]
-    assert sampling["penalty_scope"] == "word" and "word_forms" not in sampling
-    more = cli("resume", run.name, "--tokens", 100, "-q")
-    assert more.exit_code == 0, more.output
-    assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 100, *scope)
 
 
 def test_int4_weights_are_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:

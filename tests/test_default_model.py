@@ -11,9 +11,9 @@ import torch
 from helpers import first_divergence
 
 from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.target import Target
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.target import Target
 
 pytestmark = pytest.mark.slow
 PROMPT = Path(__file__).parent.parent / "prompts" / "lighthouse-keeper.txt"
@@ -58,9 +58,9 @@ def test_sampling_with_the_papers_settings_equals_plain(default_target) -> None:
 def test_bfloat16_tokenswift_equals_bfloat16_plain_with_the_defaults(window: int | None) -> None:
     """bfloat16 is lossless too, through the batch-invariant verification (exact_attention.py)."""
     from tokenswift_cli.config import ContextWindow
-    from tokenswift_cli.defaults import EMBEDDED
-    from tokenswift_cli.heads import load_heads, shipped_heads
-    from tokenswift_cli.scripts import bind
+    from tokenswift_cli.model.heads import load_heads, shipped_heads
+    from tokenswift_cli.sampling.defaults import EMBEDDED
+    from tokenswift_cli.sampling.scripts import bind
 
     loaded = load_model(ModelSpec(dtype="bfloat16"))
     target = Target(loaded.model)
@@ -95,9 +95,9 @@ def test_write_with_every_default_equals_plain_mode() -> None:
 def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
     """The users' path (4-bit weights, the C++ decoder layers) against the Python layers, on the real model."""
     from tokenswift_cli.config import ContextWindow
-    from tokenswift_cli.defaults import EMBEDDED
-    from tokenswift_cli.heads import load_heads, shipped_heads
-    from tokenswift_cli.scripts import bind
+    from tokenswift_cli.model.heads import load_heads, shipped_heads
+    from tokenswift_cli.sampling.defaults import EMBEDDED
+    from tokenswift_cli.sampling.scripts import bind
 
     loaded = load_model(ModelSpec(weights="int4"))
     target = Target(loaded.model)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from helpers import first_divergence, random_heads, random_prompt, tiny_target
 
-from tokenswift_cli.attention import attend
+from tokenswift_cli.backends.cpu.exact_attention import exact_attention, exact_rows
 from tokenswift_cli.config import ContextWindow, DraftConfig, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.exact_attention import exact_attention, exact_rows
-from tokenswift_cli.target import Target
-from tokenswift_cli.tree import build_tree
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.engine.tree import build_tree
+from tokenswift_cli.model.attention import attend
+from tokenswift_cli.model.target import Target
 
 TREE = build_tree(0, [(1, 2, 3), (4, 5), (6, 7)])  # 1 + 3 + 6 + 12 nodes, depth 3
 

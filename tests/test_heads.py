@@ -13,8 +13,9 @@ from helpers import random_heads, tiny_target
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from tokenswift_cli import cli_heads
-from tokenswift_cli.heads import (
+from tokenswift_cli.cli import heads as cli_heads
+from tokenswift_cli.data import HEADS
+from tokenswift_cli.model.heads import (
     HeadsError,
     import_heads,
     load_heads,
@@ -101,7 +102,7 @@ def test_resolve_heads_choices(tmp_path: Path) -> None:
 
 def test_shipped_heads_for_the_default_model() -> None:
     path = shipped_heads("default")
-    assert path is not None and path.parent == REPO / "heads"
+    assert path is not None and path.parent == HEADS
     meta = read_metadata(path)
     assert meta["hidden_size"] == "576" and meta["num_heads"] == "3" and meta["complete"] == "true"
     assert meta["base_model_gguf_sha256"] and meta["base_model_fingerprint"]

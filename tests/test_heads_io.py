@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from helpers import random_heads, tiny_target
 
-from tokenswift_cli.heads import HeadsError, load_heads, save_heads
+from tokenswift_cli.model.heads import HeadsError, load_heads, save_heads
 
 
 def test_heads_round_trip_and_refusals(tmp_path: Path) -> None:

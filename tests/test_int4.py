@@ -9,11 +9,11 @@ import torch
 from conftest import tiny_model
 from helpers import first_divergence, random_heads, random_prompt
 
+from tokenswift_cli.backends.cpu.int4 import GROUP, Int4Linear, is_q4, quantize_decoder
 from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.int4 import GROUP, Int4Linear, is_q4, quantize_decoder
-from tokenswift_cli.loading import load_model, parameter_count
-from tokenswift_cli.target import Target
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.model.loading import load_model, parameter_count
+from tokenswift_cli.model.target import Target
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="no int4 kernel")
 
@@ -108,7 +108,7 @@ def test_auto_weights_are_int4_only_for_q4_models(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", ["llama-mha", "llama-gqa"])  # GQA: k/v of 16 outputs stay apart
 def test_fused_projections_give_the_bits_of_the_separate_ones(family: str) -> None:
-    from tokenswift_cli.state import prefill
+    from tokenswift_cli.engine.state import prefill
 
     model = tiny_model(family)
     quantize_decoder(model)

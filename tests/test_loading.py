@@ -22,9 +22,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from tokenswift_cli import loading
 from tokenswift_cli.config import ModelSpec
-from tokenswift_cli.loading import (
+from tokenswift_cli.model import loading
+from tokenswift_cli.model.loading import (
     LoadedModel,
     ModelLoadError,
     default_model_path,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from helpers import first_divergence, random_prompt, tiny_target
 
-from tokenswift_cli.autotune import Plan, Tuners, candidate_plans
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.lookup import REPEATING, TextLookup
+from tokenswift_cli.engine.auto.tuner import Plan, Tuners, candidate_plans
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.engine.lookup import REPEATING, TextLookup
 
 
 def test_a_loop_is_followed_round_as_often_as_the_draft_is_long() -> None:

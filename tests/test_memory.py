@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tokenswift_cli import memory
+from tokenswift_cli.model import memory
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
 
@@ -47,7 +47,7 @@ def test_dropped_pages_leave_the_resident_set_and_read_back_from_the_file(tmp_pa
 @linux_only
 def test_a_4bit_default_model_keeps_no_weights_file_mapped() -> None:
     from tokenswift_cli.config import ModelSpec
-    from tokenswift_cli.loading import load_model
+    from tokenswift_cli.model.loading import load_model
 
     before = set(memory.mapped_file_ranges())  # other tests' models may hold theirs
     loaded = load_model(ModelSpec())  # the CLI's default: 4-bit decoder (a Q4 GGUF)
@@ -60,7 +60,7 @@ def test_a_4bit_default_model_keeps_no_weights_file_mapped() -> None:
 
 LARGE_FREES = """
 import torch
-from tokenswift_cli import memory
+from tokenswift_cli.model import memory
 memory.give_back_large_blocks()
 for size in (24, 16, 8):  # without the fix, freed blocks raise glibc's threshold; later ones land in the heap
     t = torch.ones(size << 18)  # size MiB of float32

@@ -9,12 +9,12 @@ from conftest import tiny_config
 from helpers import assert_windowed_sampling_is_lossless, random_prompt
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from tokenswift_cli import kernels
+from tokenswift_cli.backends.cpu import kernels
+from tokenswift_cli.backends.cpu.int4 import quantize_decoder
 from tokenswift_cli.config import ConfigError, ContextWindow, RunConfig
-from tokenswift_cli.int4 import quantize_decoder
-from tokenswift_cli.state import kv_storage, prefill
-from tokenswift_cli.target import QueryCapture, Target
-from tokenswift_cli.tree import build_tree
+from tokenswift_cli.engine.state import kv_storage, prefill
+from tokenswift_cli.engine.tree import build_tree
+from tokenswift_cli.model.target import QueryCapture, Target
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler for the kernels")
 TREE = build_tree(0, [(1, 2, 3), (4, 5), (6, 7)])  # 22 nodes: more than EXACT_ROWS, so products split

@@ -13,7 +13,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
-from tokenswift_cli.quality import (
+from tokenswift_cli.data import DEFAULT_TEXT
+from tokenswift_cli.quality.measures import (
     compression_ratio,
     distinct_n,
     distinct_windows,
@@ -136,7 +137,7 @@ class CharTokenizer:
 
 
 def test_stretches_flag_loops_and_run_together_words_but_not_prose() -> None:
-    prose = Path(__file__).resolve().parents[2] / "shared" / "data" / "prefixes" / "milton-paradise-lost.txt"
+    prose = DEFAULT_TEXT
     text = prose.read_text(encoding="utf-8")[20_000:22_000] if prose.is_file() else None
     if text is None:  # the books live beside the repository; this varied text stands in without them
         text = " ".join(f"word{i} alpha{i * 7 % 13} beta{i * 11 % 17}" for i in range(200))[:2000]
@@ -170,7 +171,7 @@ def save_word_model(folder: Path) -> Path:
 
 
 def test_eval_command_on_a_file_and_on_a_run(tmp_path: Path) -> None:
-    from tokenswift_cli.cli import app
+    from tokenswift_cli.cli.app import app
 
     model = str(save_word_model(tmp_path / "m"))
     text = tmp_path / "text.txt"
@@ -196,7 +197,7 @@ def test_eval_command_on_a_file_and_on_a_run(tmp_path: Path) -> None:
 
 def test_defaults_for_the_embedded_model_and_eos_suppression() -> None:
     from tokenswift_cli.config import SamplingConfig
-    from tokenswift_cli.defaults import EMBEDDED, PAPER, default_sampling, suppressed_ids
+    from tokenswift_cli.sampling.defaults import EMBEDDED, PAPER, default_sampling, suppressed_ids
 
     assert default_sampling() == EMBEDDED and default_sampling("some/model") == PAPER
     assert (EMBEDDED.penalty, EMBEDDED.penalty_window, EMBEDDED.min_p) == (1.1, 1024, 0.1)
@@ -212,7 +213,7 @@ def test_suppressed_tokens_are_never_drawn_in_either_mode() -> None:
     from helpers import first_divergence, random_heads, random_prompt, tiny_target
 
     from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
-    from tokenswift_cli.decode import generate_tokens
+    from tokenswift_cli.engine.decode import generate_tokens
 
     target = tiny_target("llama-gqa", seed=3)
     prompt = random_prompt(30, seed=1)

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from tokenswift_cli.render import (
+from tokenswift_cli.cli.panel import (
     LivePanel,
     LogRenderer,
     Progress,

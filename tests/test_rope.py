@@ -13,10 +13,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tokenswift_cli.config import ConfigError, DraftConfig, ModelSpec, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.loading import eos_token_ids, load_model
-from tokenswift_cli.rope import RopePlan, apply_rope, plan_rope, rotary_frequencies, yarn_factor
-from tokenswift_cli.target import Target
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.model.loading import eos_token_ids, load_model
+from tokenswift_cli.model.rope import RopePlan, apply_rope, plan_rope, rotary_frequencies, yarn_factor
+from tokenswift_cli.model.target import Target
 
 TRAINED = 128  # a short trained length, so that a test run outgrows it cheaply
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenswift_cli import row_attention as ra
-from tokenswift_cli.tree import build_tree
+from tokenswift_cli.backends.cpu import row_attention as ra
+from tokenswift_cli.engine.tree import build_tree
 
 pytestmark = pytest.mark.skipif(not ra.available(), reason="no C++ compiler for the kernel")
 TREE = build_tree(0, [(1, 2, 3), (4, 5), (6, 7)])  # 1 + 3 + 6 + 12 nodes, depth 3
@@ -124,9 +124,9 @@ def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) ->
     from conftest import tiny_model
     from helpers import assert_windowed_sampling_is_lossless
 
-    from tokenswift_cli import target as target_module
-    from tokenswift_cli.int4 import quantize_decoder
-    from tokenswift_cli.target import Target
+    from tokenswift_cli.backends.cpu.int4 import quantize_decoder
+    from tokenswift_cli.model import target as target_module
+    from tokenswift_cli.model.target import Target
 
     calls: list[int] = []
 
@@ -154,7 +154,7 @@ def q8_weight(rows: int, columns: int, seed: int = 0, scale: float = 0.01) -> to
 
 
 def test_q8_head_recovers_q8_0_and_gives_each_row_its_own_logits() -> None:
-    from tokenswift_cli.q8_head import Q8Head
+    from tokenswift_cli.backends.cpu.q8_head import Q8Head
 
     weight = q8_weight(300, 64)
     head = Q8Head.from_weight(weight)
@@ -176,10 +176,10 @@ def test_tokenswift_equals_plain_with_a_q8_head() -> None:
     from conftest import tiny_model
     from helpers import first_divergence, random_heads, random_prompt
 
+    from tokenswift_cli.backends.cpu.int4 import quantize_decoder
     from tokenswift_cli.config import RunConfig, SamplingConfig
-    from tokenswift_cli.decode import generate_tokens
-    from tokenswift_cli.int4 import quantize_decoder
-    from tokenswift_cli.target import Target
+    from tokenswift_cli.engine.decode import generate_tokens
+    from tokenswift_cli.model.target import Target
 
     model = tiny_model("qwen2")
     with torch.no_grad():

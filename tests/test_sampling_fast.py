@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
-from tokenswift_cli import sampling
 from tokenswift_cli.config import SamplingConfig
-from tokenswift_cli.sampling import choose, position_uniform, target_scores
+from tokenswift_cli.sampling import distribution as sampling
+from tokenswift_cli.sampling.distribution import choose, position_uniform, target_scores
 
 INF = float("inf")
 

@@ -12,9 +12,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from tokenswift_cli.config import ConfigError, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.sampling import target_scores
-from tokenswift_cli.scripts import ScriptFilter, bind, parse_scripts, pending_bytes, scripts_of, token_bytes
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.sampling.distribution import target_scores
+from tokenswift_cli.sampling.scripts import ScriptFilter, bind, parse_scripts, pending_bytes, scripts_of, token_bytes
 
 FULLWIDTH_H = "Ｈ".encode()  # EF BC A8
 
@@ -63,8 +63,8 @@ def test_latin_bans_fullwidth_and_cjk_bytes_and_keeps_accents_and_punctuation() 
 
 
 def test_foreign_share_counts_characters_outside_the_scripts() -> None:
-    from tokenswift_cli.quality import mean_word_length
-    from tokenswift_cli.scripts import Alphabet
+    from tokenswift_cli.quality.measures import mean_word_length
+    from tokenswift_cli.sampling.scripts import Alphabet
 
     assert Alphabet(("latin",)).foreign_share("café — ＨＨ 什") == pytest.approx(3 / 8)
     assert Alphabet(("cjk", "latin")).foreign_share("café — ＨＨ 什") == 0.0

@@ -7,15 +7,15 @@ import time
 import pytest
 from helpers import random_heads, random_prompt, tiny_target
 
-from tokenswift_cli import decode
-from tokenswift_cli.autotune import Plan, Tuner
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate_tokens
-from tokenswift_cli.draft import Drafts, candidates, propose
-from tokenswift_cli.shadow import Shadows, _head_tries
-from tokenswift_cli.state import prefill
-from tokenswift_cli.tree import Tree, trie
-from tokenswift_cli.verify import accept, verify
+from tokenswift_cli.engine import decode
+from tokenswift_cli.engine.auto.shadow import Shadows, _head_tries
+from tokenswift_cli.engine.auto.tuner import Plan, Tuner
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.engine.draft import Drafts, candidates, propose
+from tokenswift_cli.engine.state import prefill
+from tokenswift_cli.engine.tree import Tree, trie
+from tokenswift_cli.engine.verify import accept, verify
 
 LOOKUP = Plan("lookup", DraftConfig(source="lookup", lookup_length=8))
 SAMPLED = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=5)

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tokenswift_cli.textstream import HOLD, MAX_WINDOW, REPLACEMENT, StreamState, TextStream, tokenizer_decoder
+from tokenswift_cli.runs.textstream import HOLD, MAX_WINDOW, REPLACEMENT, StreamState, TextStream, tokenizer_decoder
 
 TEXT = "Héllo wörld — naïve café, 日本語のテキスト, €5 and emoji 🙂🚀. The lighthouse keeper climbed. " * 4
 

@@ -7,10 +7,10 @@ import torch
 from conftest import VOCAB, tiny_model
 from helpers import random_prompt
 
-from tokenswift_cli.heads import DraftHeads
-from tokenswift_cli.train import TrainConfig, evaluate, head_loss, lm_head_weight, split_by_position, train_heads
-from tokenswift_cli.train_data import DistillConfig, Rows, rows_from_sequence, self_distill, teacher_forced
-from tokenswift_cli.train_run import texts_of
+from tokenswift_cli.model.heads import DraftHeads
+from tokenswift_cli.train.data import DistillConfig, Rows, rows_from_sequence, self_distill, teacher_forced
+from tokenswift_cli.train.fit import TrainConfig, evaluate, head_loss, lm_head_weight, split_by_position, train_heads
+from tokenswift_cli.train.run import texts_of
 
 
 def test_rows_pair_each_hidden_state_with_the_tokens_two_and_more_ahead() -> None:

@@ -12,12 +12,12 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from tokenswift_cli.cache import FullCache, PartialCache
 from tokenswift_cli.config import ConfigError, DraftConfig, RunConfig, SamplingConfig
-from tokenswift_cli.ngram import NGramTable
-from tokenswift_cli.sampling import choose, position_uniform, target_probs, target_scores
-from tokenswift_cli.target import QueryCapture
-from tokenswift_cli.tree import TreeBuilder, build_tree
+from tokenswift_cli.engine.ngram import NGramTable
+from tokenswift_cli.engine.tree import TreeBuilder, build_tree
+from tokenswift_cli.model.cache import FullCache, PartialCache
+from tokenswift_cli.model.target import QueryCapture
+from tokenswift_cli.sampling.distribution import choose, position_uniform, target_probs, target_scores
 
 # --- trie -----------------------------------------------------------------------------------------
 

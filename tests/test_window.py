@@ -16,9 +16,6 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.llama.modeling_llama import rotate_half
 
-from tokenswift_cli import checkpoint
-from tokenswift_cli.attention import window_attention
-from tokenswift_cli.checkpoint import Checkpointer, read_manifest, restore
 from tokenswift_cli.config import (
     AutoWindow,
     ConfigError,
@@ -28,12 +25,15 @@ from tokenswift_cli.config import (
     RunConfig,
     SamplingConfig,
 )
-from tokenswift_cli.decode import generate, generate_tokens
-from tokenswift_cli.defaults import automatic_window
-from tokenswift_cli.run_model import WINDOWED_PREFILL_CHUNK, fit_window
-from tokenswift_cli.state import TREE_HEADROOM, full_capacity, prefill
-from tokenswift_cli.target import Target
-from tokenswift_cli.textstream import StreamState
+from tokenswift_cli.engine.decode import generate, generate_tokens
+from tokenswift_cli.engine.state import TREE_HEADROOM, full_capacity, prefill
+from tokenswift_cli.model.attention import window_attention
+from tokenswift_cli.model.target import Target
+from tokenswift_cli.runs import checkpoint
+from tokenswift_cli.runs.checkpoint import Checkpointer, read_manifest, restore
+from tokenswift_cli.runs.run_model import WINDOWED_PREFILL_CHUNK, fit_window
+from tokenswift_cli.runs.textstream import StreamState
+from tokenswift_cli.sampling.defaults import automatic_window
 
 WINDOW = ContextWindow(size=48, sinks=4)
 SAMPLING = SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.2, penalty_window=32, seed=7)

@@ -15,15 +15,15 @@ except metadata.PackageNotFoundError:  # running from a source tree that is not 
     __version__ = "0.0.0"
 
 _LAZY = {
-    "write": "runner",
-    "resume": "runner",
-    "Output": "runner",
+    "write": "runs.runner",
+    "resume": "runs.runner",
+    "Output": "runs.runner",
     "RunConfig": "config",
     "SamplingConfig": "config",
     "DraftConfig": "config",
     "ModelSpec": "config",
     "ConfigError": "config",
-    "generate": "decode",
+    "generate": "engine.decode",
 }
 
 __all__ = ["__version__", *_LAZY]

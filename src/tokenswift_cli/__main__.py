@@ -1,6 +1,6 @@
 """`python -m tokenswift_cli` is the `tokenswift` command."""
 
-from .cli import main
+from tokenswift_cli.cli.app import main
 
 if __name__ == "__main__":
     main()

@@ -10,11 +10,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from .scripts import SCRIPTS
+from tokenswift_cli.sampling.scripts import SCRIPTS
 
 if TYPE_CHECKING:
-    from .scripts import ScriptFilter
-    from .wordforms import WordForms
+    from tokenswift_cli.sampling.scripts import ScriptFilter
 
 SCHEMA_VERSION = 1
 
@@ -24,8 +23,6 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
 Weights = Literal["auto", "dense", "int4"]
 KVCache = Literal["auto", "model", "float16"]
-PenaltyScope = Literal["token", "word"]
-PENALTY_SCOPES = ("token", "word")
 KV_CACHES = ("auto", "model", "float16")
 DRAFT_SOURCES = ("pass", "verify", "ngram", "lookup")
 DRAFT_CHOICES = ("auto", *DRAFT_SOURCES)
@@ -46,9 +43,6 @@ class SamplingConfig:
 
     temperature 0 means greedy. `penalty` is TokenSwift's contextual repetition penalty theta,
     applied to the tokens among the last `penalty_window` tokens of each candidate's own path;
-    `penalty_scope` "word" extends it to every token with the word form of one of them (" Angel",
-    "angel", "ANGEL": wordforms.py), whose table, built from the tokenizer, is attached by
-    `run_model.bind_scripts`.
     `dry_multiplier` turns on DRY ("don't repeat yourself", as in llama.cpp): a token that would
     extend a repeat of `dry_allowed_length`+ earlier tokens (within `dry_range`) loses
     multiplier * base^(length - allowed) from its logit. `scripts` names the scripts the text may
@@ -63,7 +57,6 @@ class SamplingConfig:
     eta: float | None = None
     penalty: float | None = None
     penalty_window: int = 1024
-    penalty_scope: PenaltyScope = "token"
     seed: int = 0
     suppress_token_ids: tuple[int, ...] = ()
     dry_multiplier: float | None = None
@@ -72,7 +65,6 @@ class SamplingConfig:
     dry_range: int = 4096
     scripts: tuple[str, ...] = ()
     script_filter: ScriptFilter | None = field(default=None, compare=False, repr=False)
-    word_forms: WordForms | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
@@ -82,8 +74,6 @@ class SamplingConfig:
         _check(self.eta is None or 0 < self.eta < 1, "eta must be in (0, 1)")
         _check(self.penalty is None or (math.isfinite(self.penalty) and self.penalty > 0), "penalty must be > 0")
         _check(self.penalty_window >= 1, "penalty window must be >= 1")
-        scope = self.penalty_scope
-        _check(scope in PENALTY_SCOPES, f"unknown penalty scope {scope!r}: use {' or '.join(PENALTY_SCOPES)}")
         _check(0 <= self.seed < 2**63, "seed must be in [0, 2^63)")
         dry = self.dry_multiplier
         _check(dry is None or (math.isfinite(dry) and dry > 0), "the DRY multiplier must be > 0")
@@ -228,9 +218,9 @@ class RunConfig:
         return total if not isinstance(self.window, ContextWindow) else min(total, self.window.span)
 
     def to_dict(self) -> dict[str, Any]:
-        built = dataclasses.replace(self.sampling, script_filter=None, word_forms=None)
+        built = dataclasses.replace(self.sampling, script_filter=None)
         data = dataclasses.asdict(dataclasses.replace(self, sampling=built))
-        del data["sampling"]["script_filter"], data["sampling"]["word_forms"]  # built from the tokenizer, not settings
+        del data["sampling"]["script_filter"]  # built from the tokenizer, not settings
         return {"schema_version": SCHEMA_VERSION, **data}
 
     @classmethod
@@ -238,7 +228,11 @@ class RunConfig:
         data = dict(data)
         version = data.pop("schema_version", SCHEMA_VERSION)
         _check(version == SCHEMA_VERSION, f"settings schema {version} is not supported (expected {SCHEMA_VERSION})")
-        sampling = SamplingConfig(**data.pop("sampling"))
+        sampling_data = dict(data.pop("sampling"))
+        # Runs recorded while the word-scope penalty existed: "token" is today's only behaviour.
+        scope = sampling_data.pop("penalty_scope", "token")
+        _check(scope == "token", "this run used --penalty-scope word, which was removed: start a new run")
+        sampling = SamplingConfig(**sampling_data)
         draft = DraftConfig(**data.pop("draft"))
         window = data.pop("window", None)
         data.setdefault("kv_cache", "model")  # runs recorded before the option stored what the model computes

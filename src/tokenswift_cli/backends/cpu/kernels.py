@@ -1,0 +1,68 @@
+"""The C++ kernels (csrc/), built with the machine's compiler on first use and cached.
+
+torch's extension loader compiles them with ninja (about a minute) into the cache folder, keyed by
+the sources (their bytes and where they are), flags and torch version; a later process loads the
+cached build at once. Without a
+compiler `available()` is False, a warning is logged once, and the callers keep their torch code.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from tokenswift_cli.paths import cache_dir
+
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / n for n in ("row_attention.cpp", "q8_logits.cpp", "decoder.cpp", "bindings.cpp")
+)
+# -ffp-contract=off: the compiler fuses no multiply-add on its own (see row_attention.cpp)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
+log = logging.getLogger(__name__)
+
+
+def available() -> bool:
+    """Whether the kernels are built (or build now); False, with a warning logged once, if they cannot."""
+    try:
+        load()
+    except Exception as error:  # a missing compiler, headers or ninja: keep the torch implementations
+        _warn_once(str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__)
+        return False
+    return True
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    log.warning("the C++ kernels did not compile (%s); using the slower torch code", reason)
+
+
+@functools.cache
+def load() -> ModuleType:
+    """The compiled module (built first if needed)."""
+    from torch.utils import cpp_extension
+
+    if os.environ.get("TOKENSWIFT_NO_KERNEL"):
+        raise RuntimeError("TOKENSWIFT_NO_KERNEL is set")
+    scripts = str(Path(sys.executable).parent)  # the `ninja` package's binary, when the venv is not on PATH
+    if shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode())
+    digest.update(torch.__version__.encode())
+    # ninja's build file names the sources by path: two checkouts sharing one folder would rebuild
+    # each other's kernels at every load
+    digest.update(str(SOURCES[0].parent.resolve()).encode())
+    name = f"tokenswift_kernels_{digest.hexdigest()[:12]}"
+    build = cache_dir() / "kernels" / name
+    build.mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(
+        name=name, sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
+        build_directory=str(build), verbose=False,
+    )  # fmt: skip

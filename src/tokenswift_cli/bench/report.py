@@ -1,0 +1,124 @@
+"""Presentation of benchmark results: a Rich table, JSON, CSV and (with matplotlib) a PNG plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenswift_cli.bench.harness import Result
+
+CSV_FIELDS = (
+    "axis", "context", "new_tokens", "method", "tokens", "seconds", "tokens_per_second", "ms_per_token",
+    "speedup_plain", "speedup_generate", "alpha", "mean_accepted", "beta",
+    "distinct_1", "distinct_2", "distinct_3", "distinct_4", "peak_rss_mb", "equal_to_plain", "first_divergence",
+)  # fmt: skip
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _same(result: Result) -> str:
+    if result.method == "plain":
+        return ""
+    if result.equal_to_plain is None:  # llama.cpp: another implementation of the model, compared for speed
+        return "-"
+    if result.equal_to_plain:
+        return "[green]yes[/]"
+    return f"[red]no @{result.first_divergence}[/]"
+
+
+def render_table(results: Sequence[Result], title: str = "tokenswift bench") -> Any:
+    """A Rich table, one row per case and method."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("context", "new", "method", "tok/s", "ms/tok", "x plain", "x generate", "alpha", "acc len",
+                 "beta", "distinct-1..4", "peak MB", "= plain"):  # fmt: skip
+        table.add_column(name, justify="left" if name in ("method", "= plain", "distinct-1..4") else "right")
+    for r in results:
+        table.add_row(
+            str(r.case.context), str(r.case.new_tokens), r.method, _fmt(r.tokens_per_second), _fmt(r.ms_per_token, 1),
+            _fmt(r.speedup_plain), _fmt(r.speedup_generate), _fmt(r.alpha), _fmt(r.mean_accepted), _fmt(r.beta),
+            "/".join(f"{d:.2f}" for d in r.distinct), _fmt(r.peak_rss_mb, 0), _same(r),
+        )  # fmt: skip
+    return table
+
+
+def csv_row(result: Result) -> dict[str, Any]:
+    data = result.to_dict()
+    case = data.pop("case")
+    row = {**case, **data}
+    for n, value in enumerate(result.distinct, start=1):
+        row[f"distinct_{n}"] = value
+    return {k: row.get(k) for k in CSV_FIELDS}
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    return {
+        "platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }  # fmt: skip
+
+
+def write_results(
+    out_dir: Path, name: str, results: Sequence[Result], settings: dict[str, Any], *, plot: bool = True
+) -> list[Path]:
+    """`name`.json (settings, machine, results), `name`.csv and, when matplotlib is installed, `name`.png."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out_dir / f"{name}.json", out_dir / f"{name}.csv"
+    document = {"settings": settings, "machine": machine(), "results": [r.to_dict() for r in results]}
+    json_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    with csv_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(csv_row(r) for r in results)
+    written = [json_path, csv_path]
+    png = write_plot(out_dir / f"{name}.png", results) if plot else None
+    return written + ([png] if png else [])
+
+
+def write_plot(path: Path, results: Sequence[Result]) -> Path | None:
+    """Speedup over plain and alpha against generated length and context length (the paper's figures)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    axes_names = [a for a in ("length", "context") if any(r.case.axis == a for r in results)]
+    if not axes_names:
+        return None
+    fig, grid = plt.subplots(2, len(axes_names), figsize=(5.5 * len(axes_names), 7), squeeze=False)
+    for col, axis in enumerate(axes_names):
+        rows = [r for r in results if r.case.axis == axis]
+        x_of = (lambda r: r.case.new_tokens) if axis == "length" else (lambda r: r.case.context)
+        label = "generated tokens" if axis == "length" else "context tokens (prefix)"
+        for method in dict.fromkeys(r.method for r in rows):
+            points = sorted((x_of(r), r.speedup_plain or 0.0) for r in rows if r.method == method)
+            grid[0][col].plot(*zip(*points, strict=True), marker="o", label=method)
+        alphas = sorted((x_of(r), r.alpha) for r in rows if r.alpha is not None)
+        if alphas:
+            grid[1][col].plot(*zip(*alphas, strict=True), marker="s", color="tab:orange", label="alpha")
+        grid[0][col].set(xscale="log", xlabel=label, ylabel="speedup over plain", title=f"speedup vs {axis}")
+        grid[0][col].axhline(1.0, color="grey", linewidth=0.8)
+        grid[1][col].set(xscale="log", xlabel=label, ylabel="alpha (TokenSwift)", ylim=(0, 1))
+        ticks = sorted({x_of(r) for r in rows})
+        for ax in (grid[0][col], grid[1][col]):
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
+        grid[0][col].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,96 @@
+"""`tokenswift bench`: plain decoding, TokenSwift, `generate()`, prompt lookup and llama.cpp side by side.
+
+Thin: parses the options into `BenchSettings` and calls `bench_models.run_bench`; torch is imported
+only when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def parse_count(text: str) -> int:
+    """`512`, `2k` (= 2048, as context sizes are counted), `1.5k`."""
+    text = text.strip()
+    try:
+        if text[-1:] in ("k", "K"):
+            return int(float(text[:-1]) * 1024)
+        return int(text)
+    except ValueError:
+        raise typer.BadParameter(f"not a token count: {text!r} (e.g. 512, 2k)") from None
+
+
+def parse_counts(text: str) -> list[int]:
+    return [parse_count(part) for part in text.split(",") if part.strip()]
+
+
+_HELP_LENGTHS = "Generated lengths for the length axis (prefix: --length-context tokens), e.g. 2k,8k,16k."
+_HELP_CONTEXTS = "Prefix lengths for the context axis (then --context-tokens new tokens), e.g. 2k,8k,32k."
+
+
+def bench_command(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="'default', a model folder, a .gguf file or a hub id.")
+    ] = "default",
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (every method uses the same).")] = "bfloat16",
+    weights: Annotated[
+        str, typer.Option(help="dense or int4 (4-bit linear layers; every method uses the same).")
+    ] = "dense",
+    heads: Annotated[str, typer.Option(help="Draft heads: 'default' (shipped), 'none', or a file.")] = "default",
+    lengths: Annotated[str, typer.Option(help=_HELP_LENGTHS)] = "512,2k",
+    length_context: Annotated[str, typer.Option(help="Prefix tokens of the length axis.")] = "256",
+    contexts: Annotated[str, typer.Option(help=_HELP_CONTEXTS)] = "2k,8k",
+    context_tokens: Annotated[str, typer.Option(help="Tokens generated per context-axis case.")] = "256",
+    prefix_file: Annotated[Path | None, typer.Option(help="Text whose first N tokens are the prefix.")] = None,
+    methods: Annotated[
+        str,
+        typer.Option(
+            help="Among plain,tokenswift,generate,prompt_lookup,llama_cpp; auto: all but llama_cpp, "
+            "and llama_cpp too when llama-cpp-python is installed and the model is a GGUF file."
+        ),
+    ] = "auto",
+    sampling: Annotated[str, typer.Option(help="'paper' (T=1, min-p 0.1, penalty 1.2 / 1024) or 'greedy'.")] = "paper",
+    seed: Annotated[int, typer.Option(help="Seed of the position-keyed random stream.")] = 0,
+    draft: Annotated[
+        str, typer.Option(help="TokenSwift drafting: auto, pass (paper), verify (Medusa-style), ngram or lookup.")
+    ] = "auto",
+    tree: Annotated[str | None, typer.Option(help="Tree template, e.g. 1,3,3,3 (default: the engine's).")] = None,
+    ngram_top_k: Annotated[int | None, typer.Option(help="N-gram candidates per key; 0 = off.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Interleaved repeats per case (median time).")] = 1,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's choice).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the JSON/CSV/PNG results.")] = Path("."),
+    name: Annotated[str, typer.Option(help="Base name of the result files.")] = "bench",
+    quick: Annotated[bool, typer.Option("--quick", help="A tiny random model and short cases (seconds).")] = False,
+    context_window: Annotated[
+        str, typer.Option(help="The engine's context window: none, auto (as write) or a size such as 4k.")
+    ] = "none",
+    sinks: Annotated[int, typer.Option(min=1, help="Sink tokens of --context-window.")] = 4,
+    kv_cache: Annotated[
+        str, typer.Option(help="The engine's KV cache storage: auto (as write), model or float16.")
+    ] = "auto",
+) -> None:
+    """Measure plain decoding, TokenSwift, generate(), prompt lookup and llama.cpp on the same prefixes, interleaved."""
+    from tokenswift_cli.bench.models import BenchRequest, run_bench
+
+    request = BenchRequest(
+        model=model, dtype=dtype, weights=weights, heads=heads, lengths=tuple(parse_counts(lengths)),
+        length_context=parse_count(length_context), contexts=tuple(parse_counts(contexts)),
+        context_tokens=parse_count(context_tokens), prefix_file=prefix_file,
+        methods=None if methods == "auto" else tuple(m.strip() for m in methods.split(",") if m.strip()),
+        sampling=sampling, seed=seed,
+        draft=draft, tree=tree, ngram_top_k=ngram_top_k, repeats=repeats, threads=threads, quick=quick,
+        context_window=context_window, sinks=sinks, kv_cache=kv_cache,
+    )  # fmt: skip
+    try:
+        run_bench(request, out_dir=out, name=name)
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `bench` command to the main app."""
+    app.command("bench")(bench_command)

@@ -1,0 +1,285 @@
+"""What `tokenswift write` and `tokenswift resume` do, as library calls with keyword-only arguments.
+
+Load the model, tokenizer and heads; prefill (or restore a checkpoint); run `decode.generate`; stream
+the text to stdout, `--out` and the run's `text.txt`; checkpoint every N tokens; on SIGINT/SIGTERM
+finish the step, checkpoint and return 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tokenswift_cli import __version__
+from tokenswift_cli.model import memory
+from tokenswift_cli.runs import store as runs
+from tokenswift_cli.runs.checkpoint import Checkpointer, CheckpointError, read_manifest, restore
+from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
+from tokenswift_cli.runs.durable import RunLock, write_atomic
+from tokenswift_cli.cli.panel import Renderer, make_renderer
+from tokenswift_cli.model.rope import plan_rope
+from tokenswift_cli.runs.run_model import (
+    RunModel,
+    bind_scripts,
+    fit_kv_cache,
+    fit_rope,
+    fit_window,
+    load_run_model,
+    suppress_eos,
+    unscaled,
+)  # fmt: skip
+from tokenswift_cli.runs.session import Session, StopSignals, TextSink
+from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
+from tokenswift_cli.runs.textstream import TextStream, tokenizer_decoder
+
+
+def use_threads(threads: int | None) -> None:
+    """Pin torch's CPU threads (None: torch's choice); oversubscribed cores make every step much slower."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the text goes besides stdout and the run folder, how often to checkpoint, how much to say."""
+
+    out: Path | None = None
+    checkpoint_every: int = 512
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ConfigError("--checkpoint-every must be >= 1")
+
+    def check(self) -> None:
+        """Refuse an --out file that cannot be created, before any run folder is."""
+        if self.out is not None and not self.out.expanduser().absolute().parent.is_dir():
+            raise ConfigError(f"cannot write {self.out}: its folder does not exist")
+        if self.out is not None and self.out.is_dir():
+            raise ConfigError(f"cannot write {self.out}: it is a folder")
+
+
+DEFAULT_MODEL = ModelSpec()
+DEFAULT_OUTPUT = Output()
+
+
+def read_prefix(source: str) -> str:
+    """The prefix text from a file or `-` (stdin); refuses missing, empty, binary or non-UTF-8 input."""
+    name = "from standard input" if source == "-" else source
+    try:
+        if source == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            path = Path(source).expanduser()
+            if not path.exists():
+                raise ConfigError(f"prefix file not found: {source}")
+            if path.is_dir():
+                raise ConfigError(f"the prefix {source} is a folder, not a text file")
+            data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"cannot read the prefix {name} ({error.strerror or error})") from None
+    if not data.strip():
+        raise ConfigError(f"the prefix {name} is empty")
+    if b"\0" in data:
+        raise ConfigError(f"the prefix {name} is a binary file, not text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"the prefix {name} is not UTF-8 text") from None
+    return text.removeprefix("\ufeff")
+
+
+def _hint(run_dir: Path, runs_dir: Path | None) -> str:
+    extra = f" --runs-dir {runs.runs_root(runs_dir)}" if runs_dir is not None else ""
+    return f"resume with: tokenswift resume {run_dir.name}{extra}"
+
+
+@contextlib.contextmanager
+def _failing_run(run_dir: Path) -> Iterator[None]:
+    """A run that breaks before generating is marked failed, with the reason."""
+    try:
+        yield
+    except Exception as error:
+        with contextlib.suppress(OSError):
+            runs.set_status(run_dir, "failed", str(error).splitlines()[0] if str(error) else type(error).__name__)
+        raise
+
+
+def _session(
+    run_dir: Path,
+    loaded: RunModel,
+    state: GenerationState,
+    stream: TextStream,
+    *,
+    cfg: RunConfig,
+    keep_bytes: int | None,
+    output: Output,
+    renderer: Renderer,
+    runs_dir: Path | None,
+) -> Session:
+    """Open the text outputs and the panel for a run whose state is ready (prefilled or restored)."""
+    fingerprints = {"model": loaded.settings["fingerprint"], "heads": loaded.heads_settings["fingerprint"]}
+    renderer.start(f"tokenswift · {run_dir.name} · {loaded.settings['label']}")
+    echo = renderer.text if renderer.takes_text else None
+    return Session(
+        run_dir=run_dir, cfg=cfg, target=loaded.target, heads=loaded.heads, eos_ids=loaded.eos_ids, state=state,
+        stream=stream, sink=TextSink(run_dir / runs.TEXT, keep_bytes=keep_bytes, out=output.out, echo=echo),
+        checkpointer=Checkpointer(run_dir, fingerprints=fingerprints), renderer=renderer,
+        every=output.checkpoint_every, resume_hint=_hint(run_dir, runs_dir),
+    )  # fmt: skip
+
+
+# ---- the two commands ----
+
+
+def write(
+    *,
+    prefix: str,
+    config: RunConfig,
+    model: ModelSpec = DEFAULT_MODEL,
+    heads: str = "default",
+    runs_dir: Path | None = None,
+    output: Output = DEFAULT_OUTPUT,
+) -> int:
+    """Start a run: write `config.max_new_tokens` tokens after `prefix`. Returns the exit code."""
+    root = runs.runs_root(runs_dir)
+    runs.ensure_writable(root)
+    output.check()
+    renderer = make_renderer(quiet=output.quiet)
+    loaded = load_run_model(unscaled(model), heads, config, renderer.note)
+    prompt = loaded.tokenizer(prefix)["input_ids"]
+    if not prompt:
+        raise ConfigError("the prefix has no tokens")
+    config = fit_kv_cache(fit_window(config, model, loaded.target, len(prompt)), loaded.target)
+    loaded = fit_rope(loaded, model, config.positions_needed(len(prompt)), renderer.note)
+    config = bind_scripts(suppress_eos(config, loaded.eos_ids), loaded, prefix)
+    run_dir = runs.create_run(root)
+    with RunLock(run_dir), _failing_run(run_dir):
+        settings = {
+            "version": __version__,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "run_config": config.to_dict(),
+            "model": loaded.settings,
+            "heads": loaded.heads_settings,
+            "prefix": {"file": runs.PREFIX, "tokens": len(prompt), "bytes": len(prefix.encode())},
+        }
+        write_atomic(run_dir / runs.PREFIX, prefix.encode())
+        runs.write_settings(run_dir, settings)
+        runs.set_status(run_dir, "running")
+        renderer.note(
+            f"{run_dir.name}: {config.max_new_tokens} tokens after a {len(prompt)}-token prefix, "
+            f"model {loaded.settings['label']}, heads {loaded.heads_settings['path'] or 'none'}, mode {config.mode}"
+        )
+        with StopSignals() as stop:
+            state = prefill(loaded.target, prompt, config)
+            stream = TextStream(tokenizer_decoder(loaded.tokenizer), prompt)
+            session = _session(
+                run_dir, loaded, state, stream, cfg=config, keep_bytes=None, output=output, renderer=renderer,
+                runs_dir=runs_dir,
+            )  # fmt: skip
+            session.checkpoint()  # the prefix's keys/values: a resume never prefills again
+            return session.drive(stop)
+
+
+def _check_resumable(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunConfig, tokens: int | None) -> int:
+    """The new target; refuses a complete run (unless `tokens` raises the target) or a damaged one."""
+    info = (manifest or {}).get("state", {})
+    generated, name = info.get("emitted", 0), run_dir.name
+    if info.get("eos_seen") and cfg.stop_at_eos:
+        raise CheckpointError(f"{name} is complete: it ended at the end-of-sequence token (--stop-at-eos)")
+    target = tokens if tokens is not None else cfg.max_new_tokens
+    if tokens is not None and tokens < cfg.max_new_tokens:
+        raise ConfigError(f"--tokens {tokens} would lower the target of {name} ({cfg.max_new_tokens})")
+    if generated >= target:
+        raise CheckpointError(f"{name} is complete ({generated} tokens); raise its target with --tokens")
+    text = run_dir / runs.TEXT
+    size = text.stat().st_size if text.exists() else 0
+    if size < info.get("text_bytes", 0):
+        raise CheckpointError(f"{text} is shorter than its checkpoint ({size} < {info['text_bytes']} bytes)")
+    return target
+
+
+def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: RunModel) -> None:
+    name = run_dir.name
+    if loaded.settings["fingerprint"] != settings["model"]["fingerprint"]:
+        raise CheckpointError(
+            f"{name} was written with another model: {settings['model']['spec']['name']} has changed "
+            f"(fingerprint {loaded.settings['fingerprint'][:12]}, the run has {settings['model']['fingerprint'][:12]})"
+        )
+    if loaded.heads_settings["fingerprint"] != settings["heads"]["fingerprint"]:
+        raise CheckpointError(f"{name} was written with other draft heads: {settings['heads']['path']} has changed")
+
+
+def resume(
+    *,
+    run: str,
+    tokens: int | None = None,
+    runs_dir: Path | None = None,
+    output: Output = DEFAULT_OUTPUT,
+) -> int:
+    """Continue a run to its target (`tokens` raises it); only the new text goes to stdout."""
+    run_dir = runs.resolve_run(runs.runs_root(runs_dir), run)
+    output.check()
+    with RunLock(run_dir):
+        # Every check (settings, checksums, fingerprints) comes before the first write to the run.
+        settings = runs.read_settings(run_dir)
+        cfg = RunConfig.from_dict(settings["run_config"])
+        manifest = read_manifest(run_dir)
+        cfg = cfg.replace(max_new_tokens=_check_resumable(run_dir, manifest, cfg, tokens))
+        renderer = make_renderer(quiet=output.quiet)
+        spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
+        loaded = load_run_model(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
+        _check_same_model(run_dir, settings, loaded)
+        cfg = bind_scripts(cfg, loaded)
+        warning = plan_rope(
+            spec, loaded.target.model.config, cfg.positions_needed(settings["prefix"]["tokens"])
+        ).warning()
+        if warning:
+            renderer.note(warning)
+        decode = tokenizer_decoder(loaded.tokenizer)
+        if manifest is None:  # stopped before its first checkpoint: start over from the prefix
+            prompt = loaded.tokenizer((run_dir / runs.PREFIX).read_text(encoding="utf-8"))["input_ids"]
+            state, stream, keep = prefill(loaded.target, prompt, cfg), TextStream(decode, prompt), 0
+        else:
+            target = loaded.target
+            restored = restore(
+                run_dir, manifest, cfg=cfg, num_layers=target.num_layers, device=target.device,
+                dtype=target.dtype, kv_dtype=kv_storage(cfg, target),
+            )  # fmt: skip
+            state, stream, keep = restored.state, TextStream(decode, state=restored.stream), restored.text_bytes
+            memory.trim()  # what loading and reading the checkpoint freed
+        with _failing_run(run_dir), StopSignals() as stop:
+            if cfg.max_new_tokens != settings["run_config"]["max_new_tokens"]:
+                runs.write_settings(run_dir, {**settings, "run_config": cfg.to_dict()})
+            runs.set_status(run_dir, "running")
+            lost = (run_dir / runs.TEXT).stat().st_size - keep if (run_dir / runs.TEXT).exists() else 0
+            renderer.note(
+                f"{run_dir.name}: resuming at {state.stats.generated}/{cfg.max_new_tokens} tokens"
+                + (f" ({lost} bytes written after the last checkpoint are written again)" if lost > 0 else "")
+            )
+            session = _session(
+                run_dir, loaded, state, stream, cfg=cfg, keep_bytes=keep, output=output, renderer=renderer,
+                runs_dir=runs_dir,
+            )  # fmt: skip
+            session.emit(_backlog(state, cfg, loaded.eos_ids))
+            return session.drive(stop)
+
+
+def _backlog(state: GenerationState, cfg: RunConfig, eos_ids: Sequence[int]) -> list[int]:
+    """Committed tokens past the old target (the last step of a finished run commits a few more)."""
+    start = state.prefix_length + state.stats.generated
+    pending = state.tokens[start : state.prefix_length + cfg.max_new_tokens]
+    if cfg.stop_at_eos:
+        for i, token in enumerate(pending):
+            if token in eos_ids:
+                pending, state.eos_seen = pending[: i + 1], True
+                break
+    state.stats.generated += len(pending)
+    return pending

@@ -1,0 +1,210 @@
+"""Run directories `run-NNN/` under the runs folder: creation, lookup, listing, state, removal.
+
+A run directory holds `settings.json` (the full settings, model and heads with their fingerprints),
+`prefix.txt`, `text.txt` (the text so far, for humans), `status.json`, the `lock` and the
+`checkpoint/` folder. No torch here: `tokenswift runs` is instant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from tokenswift_cli.runs.checkpoint import CheckpointError, read_manifest
+from tokenswift_cli.runs.durable import is_locked, write_json_atomic
+from tokenswift_cli.paths import home_dir
+
+RunState = Literal["running", "interrupted", "done", "failed"]
+SETTINGS = "settings.json"
+STATUS = "status.json"
+PREFIX = "prefix.txt"
+TEXT = "text.txt"
+_NAME = re.compile(r"run-(\d+)")
+
+
+class RunError(Exception):
+    """A run cannot be found, created or changed; the message is one line meant for the user."""
+
+
+def runs_root(runs_dir: Path | None = None) -> Path:
+    return runs_dir.expanduser().absolute() if runs_dir is not None else home_dir() / "runs"
+
+
+def run_name(number: int) -> str:
+    return f"run-{number:03d}"
+
+
+def _numbers(root: Path) -> list[int]:
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _NAME.fullmatch(p.name)) and p.is_dir())
+
+
+def ensure_writable(root: Path) -> None:
+    """Create the runs folder if needed and make sure files can be created in it."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise RunError(f"the runs folder {root} is not writable ({error.strerror or error})") from None
+
+
+def create_run(root: Path) -> Path:
+    """A new, empty `run-NNN` with the next free number (safe against concurrent creators)."""
+    number = (_numbers(root) or [0])[-1] + 1
+    while True:
+        path = root / run_name(number)
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            number += 1
+        except OSError as error:
+            raise RunError(f"cannot create {path} ({error.strerror or error})") from None
+
+
+def resolve_run(root: Path, name: str) -> Path:
+    """`run-042`, `42` or a run folder's path."""
+    candidate = Path(name).expanduser()
+    if (candidate / SETTINGS).is_file():
+        return candidate.absolute()
+    digits = name.removeprefix("run-")
+    path = root / (run_name(int(digits)) if digits.isdigit() else name)
+    if not (path / SETTINGS).is_file():
+        raise RunError(f"no run named {name!r} in {root} (see `tokenswift runs`)")
+    return path
+
+
+def write_settings(run_dir: Path, settings: dict[str, Any]) -> None:
+    write_json_atomic(run_dir / SETTINGS, settings)
+
+
+def read_settings(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / SETTINGS).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RunError(f"the settings of {run_dir.name} cannot be read ({error})") from None
+    if not isinstance(data, dict) or "run_config" not in data or "model" not in data:
+        raise RunError(f"the settings of {run_dir.name} are incomplete")
+    return data
+
+
+def set_status(run_dir: Path, state: RunState, error: str | None = None) -> None:
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    write_json_atomic(run_dir / STATUS, {"state": state, "error": error, "updated": now, "pid": os.getpid()})
+
+
+def _status(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / STATUS).read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def run_state(run_dir: Path) -> RunState:
+    """running while a process holds the lock; a run whose writer died without saying so is interrupted."""
+    if is_locked(run_dir):
+        return "running"
+    state = _status(run_dir).get("state")
+    return state if state in ("done", "failed") else "interrupted"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: str
+    path: Path
+    state: RunState
+    created: str
+    model: str
+    generated: int
+    target: int
+    seconds: float
+    tokens_per_second: float
+    alpha: float
+    mean_accepted: float
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "path": str(self.path)}
+
+
+def _manifest(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return read_manifest(run_dir)
+    except CheckpointError:
+        return None
+
+
+def run_info(run_dir: Path) -> RunInfo:
+    settings = read_settings(run_dir)
+    stats = (_manifest(run_dir) or {}).get("state", {}).get("stats", {})
+    seconds = sum(v for k, v in stats.get("seconds", {}).items() if k != "prefill")
+    return RunInfo(
+        id=run_dir.name,
+        path=run_dir,
+        state=run_state(run_dir),
+        created=settings.get("created", ""),
+        model=settings["model"].get("label") or settings["model"]["spec"]["name"],
+        generated=stats.get("generated", 0),
+        target=settings["run_config"]["max_new_tokens"],
+        seconds=seconds,
+        tokens_per_second=stats.get("tokens_per_second", 0.0),
+        alpha=stats.get("alpha", 0.0),
+        mean_accepted=stats.get("mean_accepted", 0.0),
+        error=_status(run_dir).get("error"),
+    )
+
+
+def run_report(run_dir: Path) -> dict[str, Any]:
+    """Settings and statistics of a run, as `tokenswift runs show --json` prints them."""
+    info, settings, manifest = run_info(run_dir), read_settings(run_dir), _manifest(run_dir)
+    stats = (manifest or {}).get("state", {}).get("stats", {})
+    checkpoint = None
+    if manifest is not None:
+        checkpoint = {"seq": manifest["seq"], "written_at": manifest["written_at"], "tokens": stats.get("generated", 0)}
+    return {
+        "id": info.id,
+        "path": str(info.path),
+        "state": info.state,
+        "error": info.error,
+        "settings": settings,
+        "statistics": {
+            "generated_tokens": info.generated,
+            "target_tokens": info.target,
+            "seconds": info.seconds,
+            "prefill_seconds": stats.get("seconds", {}).get("prefill", 0.0),
+            "tokens_per_second": info.tokens_per_second,
+            "alpha": info.alpha,
+            "beta": stats.get("beta", 0.0),
+            "mean_accepted_length": info.mean_accepted,
+            "iterations": stats.get("iterations", 0),
+        },
+        "checkpoint": checkpoint,
+    }
+
+
+def list_runs(root: Path) -> list[RunInfo]:
+    infos = []
+    for number in _numbers(root):
+        path = root / run_name(number)
+        if (path / SETTINGS).is_file():
+            infos.append(run_info(path))
+    return infos
+
+
+def remove_run(root: Path, name: str) -> Path:
+    """Delete a run directory; refuses a running one."""
+    path = resolve_run(root, name)
+    if is_locked(path):
+        raise RunError(f"{path.name} is running; stop it first")
+    shutil.rmtree(path)
+    return path

@@ -1,0 +1,196 @@
+"""The target distribution and position-keyed draws (the lossless part of TokenSwift step 4).
+
+Every token is drawn by inverting the target's CDF at a uniform that depends only on the seed and
+the token's absolute position. Plain and accelerated decoding therefore pick the same token whenever
+their logits agree, and each draw follows the target distribution exactly.
+The filters are `transformers`' own logits processors, applied to one node with that node's own
+context (its path), so the contextual penalty sees the candidate's ancestors too.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import hashlib
+import itertools
+import math
+import sys
+
+import torch
+from transformers import (
+    EtaLogitsWarper,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from tokenswift_cli.config import ConfigError, SamplingConfig
+from tokenswift_cli.sampling.scripts import ScriptFilter
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A uniform in (0, 1) that depends only on `seed` and the absolute token `position`."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    return ((int.from_bytes(digest, "little") >> 11) + 0.5) / 2.0**53
+
+
+@functools.lru_cache(maxsize=16)
+def _processors(cfg: SamplingConfig) -> LogitsProcessorList:
+    """Penalty first, then the warpers, in `transformers`' own order."""
+    processors = LogitsProcessorList()
+    if cfg.penalty is not None and cfg.penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(cfg.penalty))
+    if cfg.greedy:
+        return processors
+    if cfg.temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(cfg.temperature))
+    if cfg.top_k is not None:
+        processors.append(TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        processors.append(TopPLogitsWarper(cfg.top_p))
+    if cfg.min_p is not None and cfg.min_p > 0:
+        processors.append(MinPLogitsWarper(cfg.min_p))
+    if cfg.eta is not None:
+        processors.append(EtaLogitsWarper(cfg.eta, device="cpu"))
+    return processors
+
+
+def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Processed scores `[vocab]` for the next token after `context` (the path's last tokens, `[<= W]`)."""
+    scores = logits.float().clone()  # [vocab]
+    if cfg.suppress_token_ids:
+        scores[list(cfg.suppress_token_ids)] = -float("inf")
+    if cfg.scripts:
+        scores[_script_filter(cfg).banned(context[-4:].tolist()).to(scores.device)] = -float("inf")
+    if cfg.dry_multiplier is not None:
+        scores -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
+    window = context[-cfg.penalty_window :]  # [<= W]
+    window = window.to(scores.device)
+    processors = _processors(cfg)
+    if all(type(processor) in _FAST_PROCESSORS for processor in processors):
+        for processor in processors:
+            scores = _FAST_PROCESSORS[type(processor)](processor, window, scores)
+        return scores
+    for processor in processors:  # called directly: `LogitsProcessorList.__call__` inspects each signature per call
+        scores = processor(window[None], scores[None])[0]
+    return scores
+
+
+def _penalise(processor: RepetitionPenaltyLogitsProcessor, window: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`RepetitionPenaltyLogitsProcessor`, in place on the window's entries only."""
+    ids = window[window < scores.shape[-1]]  # the processor drops ids beyond the scores
+    picked = scores.index_select(0, ids)
+    # A repeated id writes the same value each time: each is computed from the unpenalised score.
+    return scores.scatter_(0, ids, torch.where(picked < 0, picked * processor.penalty, picked / processor.penalty))
+
+
+def _divide(processor: TemperatureLogitsWarper, window: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`TemperatureLogitsWarper`, in place."""
+    return scores.div_(processor.temperature)
+
+
+def _cut_min_p(processor: MinPLogitsWarper, window: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`MinPLogitsWarper` (keeping one token), in place, without its top-k and out-of-place fill."""
+    probs = torch.softmax(scores, dim=-1)
+    # min_p < 1, so the top token is never below min_p times itself: the warper's keep-the-top-token step is a no-op.
+    return scores.masked_fill_(probs < processor.min_p * probs.max(), processor.filter_value)
+
+
+# Bit-identical to transformers' processors (tests/test_sampling_fast.py); other processors take the general path.
+_FAST_PROCESSORS = {
+    RepetitionPenaltyLogitsProcessor: _penalise,
+    TemperatureLogitsWarper: _divide,
+    MinPLogitsWarper: _cut_min_p,
+}
+
+
+def _script_filter(cfg: SamplingConfig) -> ScriptFilter:
+    if cfg.script_filter is None or cfg.script_filter.scripts != cfg.scripts:
+        raise ConfigError("the scripts filter needs the tokenizer: attach it with run_model.bind_scripts")
+    return cfg.script_filter
+
+
+DRY_MAX_MATCH = 64  # longer repeats are penalised as this long
+
+
+def dry_penalties(context: torch.Tensor, vocab: int, cfg: SamplingConfig) -> torch.Tensor:
+    """DRY penalties `[vocab]` for the token after `context` `[n]`.
+
+    Every earlier occurrence of the last token is the end of a candidate repeat; its length is how
+    many tokens before it match the ones before the end of the context. The token that followed it
+    would extend the repeat: it loses multiplier * base^(length - allowed) when length >= allowed.
+    """
+    assert cfg.dry_multiplier is not None
+    penalties = torch.zeros(vocab, dtype=torch.float32, device=context.device)
+    n = context.shape[0]
+    if n < 2:
+        return penalties
+    ends = torch.nonzero(context[:-1] == context[-1]).flatten()  # [m]
+    if ends.numel() == 0:
+        return penalties
+    back = torch.arange(min(DRY_MAX_MATCH, n - 1), device=context.device)  # [K]
+    earlier = ends[:, None] - back[None]  # [m, K]
+    same = (earlier >= 0) & (context[earlier.clamp(min=0)] == context[n - 1 - back][None])
+    length = same.long().cumprod(-1).sum(-1)  # [m]: matching tokens, the last one included
+    hit = length >= cfg.dry_allowed_length
+    if not bool(hit.any()):
+        return penalties
+    amount = cfg.dry_multiplier * cfg.dry_base ** (length[hit] - cfg.dry_allowed_length).float()
+    return penalties.scatter_reduce(0, context[ends[hit] + 1], amount, "amax")
+
+
+def target_probs(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The target distribution `[vocab]` (float64); one-hot on the argmax when greedy."""
+    scores = target_scores(logits, context, cfg)
+    if cfg.greedy:
+        return torch.nn.functional.one_hot(scores.argmax(), scores.shape[-1]).double()
+    return torch.softmax(scores.double(), dim=-1)
+
+
+def choose(logits: torch.Tensor, context: torch.Tensor, position: int, cfg: SamplingConfig) -> int:
+    """The token at absolute `position`: argmax when greedy, else the inverse CDF at its uniform."""
+    scores = target_scores(logits, context, cfg)
+    if cfg.greedy:
+        return int(scores.argmax())
+    u = position_uniform(cfg.seed, position)
+    kept = torch.nonzero(scores != -float("inf")).flatten()  # NaN and +inf stay: they fail the check below
+    if 0 < kept.numel() <= MAX_SEARCHED:
+        token = _draw_kept(kept.tolist(), scores[kept].tolist(), u)
+        if token is not None:
+            return token
+    return _draw_full(scores, u)
+
+
+MAX_SEARCHED = 1024  # more finite scores (no min-p): the CDF over the whole vocabulary is as cheap
+
+
+def _draw_kept(tokens: list[int], scores: list[float], u: float) -> int | None:
+    """The inverse CDF at `u` over the finite scores only, or None when it might not be the full CDF's.
+
+    The full CDF is flat at the -inf scores (their probabilities are exact zeros, and cumsum adds them
+    in order), so its steps are these ones, up to rounding: the normaliser is summed in another order
+    here, and exp may differ by an ulp. Each value, and the target, then differs from the full CDF's by
+    under (2n + 6) eps of the total, so a target farther than 8 (n + 2) eps from both steps around it
+    picks the full CDF's token.
+    """
+    top = max(scores)
+    weights = [math.exp(score - top) for score in scores]
+    scale = 1.0 / sum(weights)
+    cdf = list(itertools.accumulate(weight * scale for weight in weights))
+    target = u * cdf[-1]
+    k = min(bisect.bisect_left(cdf, target), len(cdf) - 1)
+    below = cdf[k - 1] if k > 0 else 0.0
+    rounding = 8 * (len(cdf) + 2) * sys.float_info.epsilon * cdf[-1]
+    if below + rounding < target < cdf[k] - rounding:
+        return tokens[k]
+    return None
+
+
+def _draw_full(scores: torch.Tensor, u: float) -> int:
+    """The inverse CDF at `u` over the whole vocabulary."""
+    cdf = torch.softmax(scores.double(), dim=-1).cumsum(0)  # [vocab]
+    token = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype)))
+    return min(token, cdf.shape[0] - 1)
