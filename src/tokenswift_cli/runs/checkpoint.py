@@ -238,10 +238,10 @@ def restore(
     """
     from safetensors.torch import load
 
-    from tokenswift_cli.model.cache import FullCache, PartialCache
     from tokenswift_cli.engine.metrics import Stats
     from tokenswift_cli.engine.ngram import NGramTable
     from tokenswift_cli.engine.state import TREE_HEADROOM, GenerationState, full_capacity, uses_partial_cache
+    from tokenswift_cli.model.cache import FullCache, PartialCache
 
     folder, info = run_dir / FOLDER, manifest["state"]
     kv_dtype = kv_dtype or dtype  # the full cache's storage (`state.kv_storage`)

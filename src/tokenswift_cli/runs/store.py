@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from tokenswift_cli.paths import home_dir
 from tokenswift_cli.runs.checkpoint import CheckpointError, read_manifest
 from tokenswift_cli.runs.durable import is_locked, write_json_atomic
-from tokenswift_cli.paths import home_dir
 
 RunState = Literal["running", "interrupted", "done", "failed"]
 SETTINGS = "settings.json"
