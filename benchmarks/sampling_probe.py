@@ -29,7 +29,8 @@ from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.model.loading import load_model
 from tokenswift_cli.model.target import Target
-from tokenswift_cli.quality.measures import degenerate_share, distinct_n, repeated_sentence_rate, stretches
+from tokenswift_cli.quality.text import degenerate_share, distinct_n, repeated_sentence_rate, stretches
+from tokenswift_cli.runs.run_model import with_scripts_filter
 from tokenswift_cli.sampling import scripts
 
 
@@ -75,7 +76,7 @@ def main() -> None:
         changes["scripts"] = scripts.parse_scripts(args.scripts)
     sampling = dataclasses.replace(cfg.sampling, **changes)  # type: ignore[arg-type]
     prefix_text = loaded.tokenizer.decode(tokens[:prefix_length])
-    sampling = scripts.bind(sampling, loaded.tokenizer, loaded.model.config.vocab_size, prefix=prefix_text)
+    sampling = with_scripts_filter(sampling, loaded.tokenizer, loaded.model.config.vocab_size, prefix=prefix_text)
     run = cfg.replace(max_new_tokens=args.new, mode="plain", sampling=sampling)
     if args.sinks is not None:
         if not isinstance(cfg.window, ContextWindow):

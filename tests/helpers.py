@@ -1,10 +1,12 @@
-"""Shared test helpers: a tiny model wrapped for the engine, random heads, a random prompt."""
+"""Shared test helpers: a tiny model wrapped for the engine, random heads, a random prompt, where two token
+lists first differ."""
 
 from __future__ import annotations
 
 import torch
 from conftest import VOCAB, tiny_model
 
+from tokenswift_cli.bench.harness import first_divergence as first_divergence  # the library's, for the tests
 from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.target import Target
 
@@ -24,13 +26,6 @@ def random_heads(target: Target, num_heads: int = 3, seed: int = 0) -> DraftHead
 def random_prompt(length: int, seed: int = 1) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(2, VOCAB, (length,), generator=generator).tolist()
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def assert_windowed_sampling_is_lossless(target: Target, tokens: int = 200, kv_cache: str = "auto") -> None:

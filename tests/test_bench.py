@@ -11,10 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tokenswift_cli.bench.harness import Bench, distinct_n, first_divergence
+from tokenswift_cli.bench.harness import Bench, first_divergence
 from tokenswift_cli.bench.models import BenchRequest, run_bench
 from tokenswift_cli.bench.report import render_table
 from tokenswift_cli.cli.bench import parse_count, register
+from tokenswift_cli.quality.text import distinct_n
 
 TINY = {
     "quick": True, "dtype": "float32", "lengths": (24,), "length_context": 16, "contexts": (48,), "context_tokens": 16,

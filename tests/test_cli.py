@@ -28,9 +28,9 @@ from cli_helpers import (
     wait_for,
 )
 
-from tokenswift_cli.cli.options import parse_tokens
 from tokenswift_cli.config import AutoWindow, ContextWindow, DraftConfig, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.model.heads import DraftHeads, save_heads
+from tokenswift_cli.parsing import parse_tokens
 from tokenswift_cli.runs import runner
 from tokenswift_cli.runs.durable import RunLock
 from tokenswift_cli.sampling import defaults
@@ -81,6 +81,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     def fake(name: str):  # type: ignore[no-untyped-def]
         def record(**kwargs: Any) -> int:
+            calls[f"{name} renderer"] = kwargs.pop("renderer")  # the panel: a presentation, not a setting
             calls[name] = kwargs
             return 0
 
@@ -269,6 +270,65 @@ def test_help_and_runs_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env())
+
+
+COMMANDS = [
+    [], ["write"], ["resume"], ["runs"], ["runs", "show"], ["runs", "rm"], ["bench"], ["eval"], ["train-heads"],
+    ["heads"], ["heads", "import"], ["heads", "eval"], ["heads", "info"],
+]  # fmt: skip
+
+
+def _prose(help_text: str) -> str:
+    """Help without Rich's boxes and line breaks, so that a phrase reads whole wherever the panel wraps it."""
+    return " ".join(help_text.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda args: " ".join(args) or "tokenswift")
+def test_every_command_has_an_example_and_plain_flags(args: list[str]) -> None:
+    """On/off flags show no value placeholder: `--quiet true` is not how they are spelled."""
+    result = cli(*args, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Example: tokenswift " in _prose(result.stdout), args
+    assert "<bool>" not in result.stdout and "--help -h Show this message" in _prose(result.stdout)
+
+
+def test_a_flag_takes_no_value() -> None:
+    assert_one_line_error(cli("write", "-p", "x.txt", "-n", "5", "--quiet", "true"), contains="(true)")
+
+
+@pytest.mark.parametrize("args", [[], ["heads"]])
+def test_a_group_alone_prints_its_help_and_no_error(args: list[str]) -> None:
+    result = cli(*args)
+    assert result.exit_code == 0 and "Usage:" in result.stdout
+    assert "error" not in result.stderr
+
+
+def test_write_help_shows_the_defaults_it_will_use() -> None:
+    shown = _prose(cli("write", "--help").stdout)
+    embedded, paper = defaults.EMBEDDED, defaults.PAPER
+    assert "--penalty <float> Repetition penalty" in shown
+    assert f"Default: {embedded.penalty} for the embedded model, {paper.penalty} for others." in shown
+    assert f"Default: {embedded.min_p}." in shown and f"Default: {embedded.temperature}." in shown
+    assert "Default: auto for the embedded model, any for others." in shown  # --scripts
+    assert "[default: 1,3,3,3]" in shown and "the last 4,092 tokens" in shown  # tree, window
+
+
+def test_write_hands_the_command_lines_renderer_to_the_runner(captured: dict[str, Any], prefix_file: Path) -> None:
+    from tokenswift_cli.cli.panel import LogRenderer
+    from tokenswift_cli.runs.progress import QuietRenderer
+
+    cli("write", "--prefix", prefix_file, "--tokens", "10")
+    assert type(captured["write renderer"]) is LogRenderer  # stderr is not a terminal here
+    cli("write", "--prefix", prefix_file, "--tokens", "10", "--quiet")
+    assert type(captured["write renderer"]) is QuietRenderer
+    cli("resume", "run-001", "-q")
+    assert type(captured["resume renderer"]) is QuietRenderer
+
+
+def test_eval_tells_a_missing_file_from_an_unknown_run(tmp_path: Path) -> None:
+    assert_one_line_error(cli("eval", "nosuch.txt"), contains="no such file: nosuch.txt")
+    assert_one_line_error(cli("eval", str(tmp_path / "texts" / "book")), contains="no such file:")
+    assert_one_line_error(cli("eval", "run-042", "--runs-dir", tmp_path), contains="no run named 'run-042'")
 
 
 def test_unknown_run() -> None:

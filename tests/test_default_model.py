@@ -59,8 +59,8 @@ def test_bfloat16_tokenswift_equals_bfloat16_plain_with_the_defaults(window: int
     """bfloat16 is lossless too, through the batch-invariant verification (exact_attention.py)."""
     from tokenswift_cli.config import ContextWindow
     from tokenswift_cli.model.heads import load_heads, shipped_heads
+    from tokenswift_cli.runs.run_model import with_scripts_filter
     from tokenswift_cli.sampling.defaults import EMBEDDED
-    from tokenswift_cli.sampling.scripts import bind
 
     loaded = load_model(ModelSpec(dtype="bfloat16"))
     target = Target(loaded.model)
@@ -69,7 +69,9 @@ def test_bfloat16_tokenswift_equals_bfloat16_plain_with_the_defaults(window: int
     heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint).to(torch.bfloat16)
     prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
     context = ContextWindow(size=window) if window else None
-    sampling = bind(EMBEDDED, loaded.tokenizer, loaded.model.config.vocab_size, prefix=PROMPT.read_text())
+    sampling = with_scripts_filter(
+        EMBEDDED, loaded.tokenizer, loaded.model.config.vocab_size, prefix=PROMPT.read_text()
+    )
     cfg = RunConfig(max_new_tokens=200, sampling=sampling, window=context, draft=DraftConfig().drafting("auto"))
     plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     fast, _ = generate_tokens(target, heads, prompt, cfg)
@@ -96,8 +98,8 @@ def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
     """The users' path (4-bit weights, the C++ decoder layers) against the Python layers, on the real model."""
     from tokenswift_cli.config import ContextWindow
     from tokenswift_cli.model.heads import load_heads, shipped_heads
+    from tokenswift_cli.runs.run_model import with_scripts_filter
     from tokenswift_cli.sampling.defaults import EMBEDDED
-    from tokenswift_cli.sampling.scripts import bind
 
     loaded = load_model(ModelSpec(weights="int4"))
     target = Target(loaded.model)
@@ -107,7 +109,9 @@ def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
     assert shipped is not None
     heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint)
     prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
-    sampling = bind(EMBEDDED, loaded.tokenizer, loaded.model.config.vocab_size, prefix=PROMPT.read_text())
+    sampling = with_scripts_filter(
+        EMBEDDED, loaded.tokenizer, loaded.model.config.vocab_size, prefix=PROMPT.read_text()
+    )
     # float16 storage, as "auto" gives the C++ layers, for the Python layers too
     cfg = RunConfig(max_new_tokens=160, sampling=sampling, window=ContextWindow(size=124), kv_cache="float16")
     fast, _ = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig().drafting("pass")))

@@ -14,16 +14,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from tokenswift_cli.data import DEFAULT_TEXT
-from tokenswift_cli.quality.measures import (
+from tokenswift_cli.quality.perplexity import token_nll
+from tokenswift_cli.quality.report import evaluate, markdown
+from tokenswift_cli.quality.text import (
     compression_ratio,
     distinct_n,
     distinct_windows,
-    evaluate,
-    markdown,
     repeated_sentence_rate,
     sentences,
     stretches,
-    token_nll,
 )
 
 WORDS = ["<unk>", "the", "keeper", "lit", "lamp", "at", "dusk", "and", "sea", "was", "calm", "."]

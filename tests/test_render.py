@@ -9,8 +9,6 @@ from rich.console import Console
 from tokenswift_cli.cli.panel import (
     LivePanel,
     LogRenderer,
-    Progress,
-    QuietRenderer,
     RateMeter,
     format_bytes,
     format_duration,
@@ -18,6 +16,7 @@ from tokenswift_cli.cli.panel import (
     make_renderer,
     panel,
 )
+from tokenswift_cli.runs.progress import Progress, QuietRenderer
 
 SNAPSHOT = Progress(
     run_id="run-007", generated=1024, target=4096, decode_seconds=80.0, alpha=0.41, mean_accepted=2.6,

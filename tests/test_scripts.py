@@ -13,8 +13,9 @@ from transformers import PreTrainedTokenizerFast
 
 from tokenswift_cli.config import ConfigError, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.runs.run_model import with_scripts_filter
 from tokenswift_cli.sampling.distribution import target_scores
-from tokenswift_cli.sampling.scripts import ScriptFilter, bind, parse_scripts, pending_bytes, scripts_of, token_bytes
+from tokenswift_cli.sampling.scripts import ScriptFilter, parse_scripts, pending_bytes, scripts_of, token_bytes
 
 FULLWIDTH_H = "Ｈ".encode()  # EF BC A8
 
@@ -63,7 +64,7 @@ def test_latin_bans_fullwidth_and_cjk_bytes_and_keeps_accents_and_punctuation() 
 
 
 def test_foreign_share_counts_characters_outside_the_scripts() -> None:
-    from tokenswift_cli.quality.measures import mean_word_length
+    from tokenswift_cli.quality.text import mean_word_length
     from tokenswift_cli.sampling.scripts import Alphabet
 
     assert Alphabet(("latin",)).foreign_share("café — ＨＨ 什") == pytest.approx(3 / 8)
@@ -82,8 +83,8 @@ def test_scripts_settings() -> None:
     with pytest.raises(ConfigError, match="needs the tokenizer"):
         target_scores(torch.zeros(8), torch.tensor([1, 2]), sampling)
     with pytest.raises(ConfigError, match="resolved from the prefix"):
-        bind(SamplingConfig(scripts=("auto",)), byte_level_tokenizer(), 400)
-    bound = bind(SamplingConfig(scripts=("auto",)), byte_level_tokenizer(), 400, prefix="Καλημέρα, lamp")
+        with_scripts_filter(SamplingConfig(scripts=("auto",)), byte_level_tokenizer(), 400)
+    bound = with_scripts_filter(SamplingConfig(scripts=("auto",)), byte_level_tokenizer(), 400, prefix="Καλημέρα, lamp")
     assert bound.scripts == ("greek", "latin") and bound.script_filter is not None
     assert bound == dataclasses.replace(bound, script_filter=None)  # the filter is not part of the settings
     recorded = RunConfig(max_new_tokens=8, sampling=bound).to_dict()["sampling"]

@@ -47,7 +47,7 @@ class SamplingConfig:
     extend a repeat of `dry_allowed_length`+ earlier tokens (within `dry_range`) loses
     multiplier * base^(length - allowed) from its logit. `scripts` names the scripts the text may
     use (scripts.py; () = any, ("auto",) = the prefix's, resolved before a run starts); the filter
-    itself needs the tokenizer's bytes and is attached by `run_model.bind_scripts`.
+    itself needs the tokenizer's bytes and is attached by `run_model.with_scripts_filter`.
     """
 
     temperature: float = 0.0

@@ -27,6 +27,7 @@ from tokenswift_cli.engine.state import GenerationState, prefill
 from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.memory import PeakRss
 from tokenswift_cli.model.target import Target
+from tokenswift_cli.quality.text import distinct_n
 
 METHODS = ("plain", "tokenswift", "generate", "prompt_lookup", "llama_cpp")
 ENGINE_METHODS = ("plain", "tokenswift")
@@ -108,12 +109,6 @@ class _Run:
     def seconds_per_token(self) -> float:
         count = len(self.tokens) if self.timed_tokens is None else self.timed_tokens
         return self.seconds / max(count, 1)
-
-
-def distinct_n(tokens: Sequence[int], n: int) -> float:
-    """Unique n-grams / all n-grams of the generated tokens (the paper's Distinct-n)."""
-    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 0.0
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

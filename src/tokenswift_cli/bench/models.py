@@ -13,13 +13,13 @@ import torch
 from tokenswift_cli.bench.harness import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
 from tokenswift_cli.bench.llamacpp import LlamaCpp, gguf_file
 from tokenswift_cli.bench.llamacpp import available as llama_available
-from tokenswift_cli.cli.options import parse_window
 from tokenswift_cli.config import DEFAULT_SINKS, AutoWindow, ContextWindow, DraftConfig, KVCache, ModelSpec, RunConfig
 from tokenswift_cli.data import DEFAULT_TEXT
 from tokenswift_cli.engine.state import kv_storage
 from tokenswift_cli.model.heads import DraftHeads, load_heads, shipped_heads
 from tokenswift_cli.model.rope import apply_rope, plan_rope
 from tokenswift_cli.model.target import Target
+from tokenswift_cli.parsing import parse_tree, parse_window
 from tokenswift_cli.runs.run_model import fit_window
 
 DEFAULT_PREFIX = DEFAULT_TEXT
@@ -71,7 +71,7 @@ class BenchRequest:
         draft = DraftConfig()
         changes: dict[str, Any] = {}
         if self.tree:
-            changes["tree"] = tuple(int(w) for w in self.tree.split(","))
+            changes["tree"] = parse_tree(self.tree)
         if self.ngram_top_k is not None:
             changes["ngram_top_k"] = self.ngram_top_k or None
         if self.quick:

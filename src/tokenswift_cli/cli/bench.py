@@ -11,6 +11,10 @@ from typing import Annotated
 
 import typer
 
+from tokenswift_cli.cli.help import Command
+
+EXAMPLE = "Example: tokenswift bench --lengths 512,2k --contexts 2k,8k --sampling greedy --out results/"
+
 
 def parse_count(text: str) -> int:
     """`512`, `2k` (= 2048, as context sizes are counted), `1.5k`."""
@@ -93,4 +97,4 @@ def bench_command(
 
 def register(app: typer.Typer) -> None:
     """Add the `bench` command to the main app."""
-    app.command("bench")(bench_command)
+    app.command("bench", cls=Command, epilog=EXAMPLE)(bench_command)

@@ -1,6 +1,6 @@
-"""`tokenswift eval`: the quality of a text (a run's or any file) by position. See quality.py.
+"""`tokenswift eval`: the quality of a text (a run's or any file) by position. See quality/report.py.
 
-Thin: it finds the text, loads the model, calls `quality.evaluate` and prints a table (or JSON).
+Thin: it finds the text, loads the model, calls `quality.report.evaluate_text` and prints a table (or JSON).
 Nothing heavy is imported at module load, so `tokenswift --help` stays instant.
 """
 
@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from tokenswift_cli.cli.errors import errors
+from tokenswift_cli.cli.help import Command
 from tokenswift_cli.cli.options import DeviceOpt, DTypeOpt, JsonOpt, ModelOpt, RunsDirOpt, WeightsOpt
 
 SourceArg = Annotated[
@@ -25,7 +27,7 @@ SourceArg = Annotated[
 
 def register(app: typer.Typer) -> None:
     """Add `eval` to the main app."""
-    app.command("eval", epilog="Example: tokenswift eval run-003 --bucket 4096")(eval_command)
+    app.command("eval", cls=Command, epilog="Example: tokenswift eval run-003 --bucket 4096")(eval_command)
 
 
 def eval_command(
@@ -58,12 +60,10 @@ def eval_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Measure a text: perplexity by position, Distinct-1..4, repeated sentences, compression ratio."""
-    from tokenswift_cli.cli.app import errors
-
     with errors():
-        from tokenswift_cli.cli.options import parse_tokens
         from tokenswift_cli.config import ContextWindow, ModelSpec
-        from tokenswift_cli.quality.measures import EvalWindows, evaluate_text, markdown
+        from tokenswift_cli.parsing import parse_tokens
+        from tokenswift_cli.quality.report import EvalWindows, evaluate_text, markdown
 
         text, context = _find_text(source, prefix, runs_dir)
         spec = ModelSpec(name=model, dtype=dtype, device=device, weights=weights,  # type: ignore[arg-type]
@@ -82,12 +82,15 @@ def eval_command(
 
 def _find_text(source: str, prefix: Path | None, runs_dir: Path | None) -> tuple[str, str]:
     """(text, context before it) of a text file or a run."""
+    from tokenswift_cli.config import ConfigError
     from tokenswift_cli.runs import store as runs
 
     path = Path(source).expanduser()
     context = prefix.read_text(encoding="utf-8") if prefix is not None else ""
     if path.is_file():
         return path.read_text(encoding="utf-8"), context
+    if not path.exists() and (path.suffix or "/" in source):  # a file's name, not a run's
+        raise ConfigError(f"no such file: {source}")
     run = runs.resolve_run(runs.runs_root(runs_dir), source)
     if prefix is None and (run / runs.PREFIX).is_file():
         context = (run / runs.PREFIX).read_text(encoding="utf-8")

@@ -13,10 +13,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tokenswift_cli.cli.errors import errors
+from tokenswift_cli.cli.help import Command, Group
 from tokenswift_cli.cli.options import ModelOpt
 
 if TYPE_CHECKING:
     from tokenswift_cli.train.fit import Accuracy
+
+TRAIN_EXAMPLE = "Example: tokenswift train-heads --minutes 60 --data novel.txt --out my-heads.safetensors"
+IMPORT_EXAMPLE = (
+    "Example: tokenswift heads import ./TokenSwift-llama3.1-8b --out llama3.1-8b.safetensors "
+    "--model meta-llama/Llama-3.1-8B"
+)
+EVAL_EXAMPLE = "Example: tokenswift heads eval my-heads.safetensors --text novel.txt --tokens 8192"
+INFO_EXAMPLE = "Example: tokenswift heads info my-heads.safetensors"
 
 TextFiles = Annotated[
     list[Path] | None,
@@ -26,11 +36,13 @@ TextFiles = Annotated[
 
 def register(app: typer.Typer) -> None:
     """Add `train-heads` and the `heads` group to the main app."""
-    app.command("train-heads")(train_heads_command)
-    group = typer.Typer(help="Draft heads: import published ones, measure, inspect.", no_args_is_help=True)
-    group.command("import")(import_command)
-    group.command("eval")(eval_command)
-    group.command("info")(info_command)
+    app.command("train-heads", cls=Command, epilog=TRAIN_EXAMPLE)(train_heads_command)
+    group = typer.Typer(
+        cls=Group, help=f"Draft heads: import published ones, measure, inspect.\n\n{INFO_EXAMPLE}", no_args_is_help=True
+    )
+    group.command("import", cls=Command, epilog=IMPORT_EXAMPLE)(import_command)
+    group.command("eval", cls=Command, epilog=EVAL_EXAMPLE)(eval_command)
+    group.command("info", cls=Command, epilog=INFO_EXAMPLE)(info_command)
     app.add_typer(group, name="heads")
 
 
@@ -43,6 +55,7 @@ def default_out(model: str) -> Path:
     return home_dir() / "heads" / name
 
 
+@errors()
 def train_heads_command(
     model: ModelOpt = "default",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Heads file to write.", show_default=False)] = None,
@@ -123,6 +136,7 @@ def train_heads_command(
     _say(f"wrote {out} ({done} steps)")
 
 
+@errors()
 def import_command(
     source: Annotated[Path, typer.Argument(help="TokenSwift model checkpoint: a weights file or a model folder.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Heads file to write.")],
@@ -150,6 +164,7 @@ def import_command(
     _say(f"wrote {out}: {heads.num_heads} heads, hidden size {heads.hidden_size}")
 
 
+@errors()
 def eval_command(
     heads_path: Annotated[Path, typer.Argument(help="Heads file (.safetensors).")],
     text: Annotated[list[Path], typer.Option("--text", help="Text file to measure on (repeatable).")],
@@ -174,6 +189,7 @@ def eval_command(
         _accuracy_table(accuracy)
 
 
+@errors()
 def info_command(heads_path: Annotated[Path, typer.Argument(help="Heads file (.safetensors).")]) -> None:
     """Print the metadata of a heads file (model identity, settings, accuracy)."""
     from tokenswift_cli.model.heads import read_metadata

@@ -1,63 +1,35 @@
-"""Shared command-line options as `Annotated` aliases (as the `hf` CLI does), and their parsers.
+"""Shared command-line options as `Annotated` aliases (as the `hf` CLI does); their parsers are in parsing.py.
 
-Defaults come from the config dataclasses, so a flag left out means the library's default. Nothing
-here imports torch: `tokenswift --help` stays instant.
+Defaults come from the config dataclasses, so a flag left out means the library's default; an unset
+sampling flag shows the model defaults it stands for. Nothing here imports torch: `--help` stays instant.
 """
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tokenswift_cli.config import AutoWindow, ConfigError, ContextWindow, DraftConfig, SamplingConfig
-from tokenswift_cli.sampling.defaults import automatic_window
+from tokenswift_cli.config import DraftConfig, SamplingConfig
+from tokenswift_cli.sampling.defaults import EMBEDDED, PAPER
 
 _SAMPLING = SamplingConfig()
 _DRAFT = DraftConfig()
-_TOKENS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kKmM]?)")
-_MULTIPLIERS = {"": 1, "k": 1_000, "m": 1_000_000}
 
 
-def parse_tokens(text: str) -> int:
-    """A token count: `20000`, `2K`, `1.5k`, `100k`, `1m`. Raises ConfigError on anything else."""
-    match = _TOKENS.fullmatch(text.strip().replace("_", ""))
-    if match is None:
-        raise ConfigError(f"bad token count {text!r}: use a number such as 20000, 2k, 1.5k or 100k")
-    try:
-        value = Decimal(match.group(1)) * _MULTIPLIERS[match.group(2).lower()]
-    except InvalidOperation:
-        raise ConfigError(f"bad token count {text!r}") from None
-    if value != value.to_integral_value():
-        raise ConfigError(f"bad token count {text!r}: it is not a whole number of tokens")
-    if value < 1:
-        raise ConfigError(f"bad token count {text!r}: it must be at least 1")
-    return int(value)
+def _with_default(text: str, name: str) -> str:
+    """The help of a sampling flag, with what leaving it unset means: the embedded model's measured value
+    and other models' (the paper's)."""
 
+    def shown(value: object) -> str:
+        if isinstance(value, tuple):
+            return ",".join(value) or "any"
+        return "off" if value is None else str(value)
 
-def parse_tree(text: str) -> tuple[int, ...]:
-    """A tree template `1,3,3,3` (the width of each level)."""
-    try:
-        widths = tuple(int(part) for part in text.replace(" ", "").split(","))
-    except ValueError:
-        raise ConfigError(f"bad tree {text!r}: use widths separated by commas, e.g. 1,3,3,3") from None
-    return widths
-
-
-def parse_window(text: str, sinks: int, model: str = "default") -> ContextWindow | AutoWindow | None:
-    """`--context-window`: "auto" (the model's measured default), "none" or a size (sinks not included)."""
-    choice = text.strip().lower()
-    if choice in ("auto", "none"):
-        return None if choice == "none" else automatic_window(model, sinks)
-    return ContextWindow(size=parse_tokens(text), sinks=sinks)
-
-
-def off_if_zero(value: int | None) -> int | None:
-    """0 on the command line turns a feature off; the configs spell off as None."""
-    return None if value == 0 else value
+    embedded, others = shown(getattr(EMBEDDED, name)), shown(getattr(PAPER, name))
+    default = embedded if embedded == others else f"{embedded} for the embedded model, {others} for others"
+    return f"{text} Default: {default}."
 
 
 _SAMPLE = "Sampling"
@@ -146,28 +118,49 @@ TemperatureOpt = Annotated[
     typer.Option(
         "--temperature",
         "-t",
-        help="0 = greedy. Unset sampling flags take the model's measured defaults.",
+        help=_with_default("0 = greedy. Unset sampling flags take the model's measured defaults.", "temperature"),
         rich_help_panel=_SAMPLE,
     ),
 ]
-TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling mass.", rich_help_panel=_SAMPLE)]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Keep the k likeliest tokens.", rich_help_panel=_SAMPLE)]
-MinPOpt = Annotated[float | None, typer.Option("--min-p", help="Min-p filter; 0 = off.", rich_help_panel=_SAMPLE)]
-EtaOpt = Annotated[float | None, typer.Option("--eta", help="Eta sampling epsilon.", rich_help_panel=_SAMPLE)]
+TopPOpt = Annotated[
+    float | None,
+    typer.Option("--top-p", help=_with_default("Nucleus sampling mass.", "top_p"), rich_help_panel=_SAMPLE),
+]
+TopKOpt = Annotated[
+    int | None,
+    typer.Option("--top-k", help=_with_default("Keep the k likeliest tokens.", "top_k"), rich_help_panel=_SAMPLE),
+]
+MinPOpt = Annotated[
+    float | None,
+    typer.Option("--min-p", help=_with_default("Min-p filter; 0 = off.", "min_p"), rich_help_panel=_SAMPLE),
+]
+EtaOpt = Annotated[
+    float | None,
+    typer.Option("--eta", help=_with_default("Eta sampling epsilon.", "eta"), rich_help_panel=_SAMPLE),
+]
 PenaltyOpt = Annotated[
     float | None,
     typer.Option(
-        "--penalty", help="Repetition penalty over the last --penalty-window tokens; 1 = off.", rich_help_panel=_SAMPLE
+        "--penalty",
+        help=_with_default("Repetition penalty over the last --penalty-window tokens; 1 = off.", "penalty"),
+        rich_help_panel=_SAMPLE,
     ),
 ]
 PenaltyWindowOpt = Annotated[
-    int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back over.", rich_help_panel=_SAMPLE)
+    int | None,
+    typer.Option(
+        "--penalty-window",
+        help=_with_default("Tokens the penalty looks back over.", "penalty_window"),
+        rich_help_panel=_SAMPLE,
+    ),
 ]
 DryOpt = Annotated[
     float | None,
     typer.Option(
         "--dry",
-        help="DRY multiplier: penalise tokens that extend a repeat of 2+ earlier tokens; 0 = off.",
+        help=_with_default(
+            "DRY multiplier: penalise tokens that extend a repeat of 2+ earlier tokens; 0 = off.", "dry_multiplier"
+        ),
         rich_help_panel=_SAMPLE,
     ),
 ]
@@ -175,7 +168,7 @@ DryBaseOpt = Annotated[
     float | None,
     typer.Option(
         "--dry-base",
-        help="DRY growth: a repeat of n tokens loses --dry x base^(n - 2); >= 1.",
+        help=_with_default("DRY growth: a repeat of n tokens loses --dry x base^(n - 2); >= 1.", "dry_base"),
         rich_help_panel=_SAMPLE,
     ),
 ]
@@ -183,8 +176,11 @@ ScriptsOpt = Annotated[
     str | None,
     typer.Option(
         "--scripts",
-        help="Scripts the text may use: auto (the prefix's), any, or names such as latin,greek "
-        "(latin greek cyrillic armenian hebrew arabic devanagari thai georgian hangul cjk emoji).",
+        help=_with_default(
+            "Scripts the text may use: auto (the prefix's), any, or names such as latin,greek "
+            "(latin greek cyrillic armenian hebrew arabic devanagari thai georgian hangul cjk emoji).",
+            "scripts",
+        ),
         rich_help_panel=_SAMPLE,
     ),
 ]
@@ -242,8 +238,12 @@ RunsDirOpt = Annotated[
     ),
 ]  # fmt: skip
 StopAtEosOpt = Annotated[
-    bool, typer.Option("--stop-at-eos", help="Stop at the model's end-of-sequence token.", rich_help_panel=_RUN)
-]
+    bool,
+    typer.Option(
+        "--stop-at-eos", help="Stop at the model's end-of-sequence token (else it is never drawn).",
+        rich_help_panel=_RUN,
+    ),
+]  # fmt: skip
 QuietOpt = Annotated[
     bool, typer.Option("--quiet", "-q", help="No panel and no log lines on stderr.", rich_help_panel=_RUN)
 ]

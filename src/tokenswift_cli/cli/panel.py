@@ -1,5 +1,6 @@
 """What a run shows on stderr: a Rich live panel on a terminal, short log lines otherwise, nothing with
---quiet. Presentation only: the runner hands over `Progress` snapshots and never formats anything.
+--quiet. Presentation only: the runner hands over `Progress` snapshots (runs/progress.py) and never
+formats anything; the command creates the renderer and passes it to the runner.
 
 stdout carries the generated text alone. When stdout is the same terminal as the panel, the panel
 prints the text above itself line by line (raw writes would be overdrawn by the panel's refreshes).
@@ -11,8 +12,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -21,23 +21,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from tokenswift_cli.runs.progress import Progress, QuietRenderer, Renderer
+
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A snapshot of a run after one step."""
-
-    run_id: str
-    generated: int
-    target: int
-    decode_seconds: float  # decoding time of the whole run, resumed parts included
-    alpha: float
-    mean_accepted: float
-    ngram_share: float  # accepted draft tokens that the n-gram table proposed
-    context: int  # tokens in the full cache
-    kv_bytes: int
-    last_checkpoint: int | None  # generated tokens at the last checkpoint
 
 
 class RateMeter:
@@ -124,30 +110,6 @@ def panel(p: Progress, now_rate: float, *, title: str = "", checkpoint_age: floa
         saved = f"checkpoint at {p.last_checkpoint:,} tokens{age}"
     rows.add_row("saved", saved)
     return Panel(Group(bar, rows), title=title or f"tokenswift · {p.run_id}", title_align="left", expand=False)
-
-
-class Renderer(Protocol):
-    takes_text: bool  # True: the runner hands the text to `text` instead of writing it to stdout
-
-    def start(self, title: str) -> None: ...
-    def update(self, progress: Progress) -> None: ...
-    def checkpointed(self, generated: int) -> None: ...
-    def note(self, message: str) -> None: ...
-    def text(self, chunk: str) -> None: ...
-    def close(self) -> None: ...
-
-
-class QuietRenderer:
-    """--quiet: nothing at all."""
-
-    takes_text = False
-
-    def start(self, title: str) -> None: ...
-    def update(self, progress: Progress) -> None: ...
-    def checkpointed(self, generated: int) -> None: ...
-    def note(self, message: str) -> None: ...
-    def text(self, chunk: str) -> None: ...
-    def close(self) -> None: ...
 
 
 class LogRenderer(QuietRenderer):

@@ -6,9 +6,12 @@ import json
 
 import typer
 
+from tokenswift_cli.cli.errors import errors
+from tokenswift_cli.cli.help import Command, Group
 from tokenswift_cli.cli.options import JsonOpt, RunArg, RunsDirOpt
 
 runs_app = typer.Typer(
+    cls=Group,
     help="List runs, show one, remove one.\n\nExample: tokenswift runs show run-003 --json",
     pretty_exceptions_show_locals=False,
 )
@@ -27,7 +30,6 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
     from rich.console import Console
     from rich.table import Table
 
-    from tokenswift_cli.cli.app import errors
     from tokenswift_cli.runs import store as runs
 
     with errors():
@@ -50,10 +52,9 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
     Console(soft_wrap=True).print(table)
 
 
-@runs_app.command("show", epilog="Example: tokenswift runs show run-003 --json")
+@runs_app.command("show", cls=Command, epilog="Example: tokenswift runs show run-003 --json")
 def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
     """Show one run's settings and statistics."""
-    from tokenswift_cli.cli.app import errors
     from tokenswift_cli.runs import store as runs
 
     with errors():
@@ -77,10 +78,9 @@ def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False
         typer.echo(f"{key:>9}  {value}")
 
 
-@runs_app.command("rm", epilog="Example: tokenswift runs rm run-003")
+@runs_app.command("rm", cls=Command, epilog="Example: tokenswift runs rm run-003")
 def runs_rm(run: RunArg, runs_dir: RunsDirOpt = None) -> None:
     """Delete a run folder (checkpoints and text included)."""
-    from tokenswift_cli.cli.app import errors
     from tokenswift_cli.runs import store as runs
 
     with errors():

@@ -13,14 +13,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenswift_cli.config import AutoWindow, ConfigError, ContextWindow, ModelSpec, RunConfig, SamplingConfig
+from tokenswift_cli.engine.state import kv_storage
 from tokenswift_cli.model import memory
-from tokenswift_cli.sampling import scripts
-from tokenswift_cli.config import AutoWindow, ContextWindow, ModelSpec, RunConfig
 from tokenswift_cli.model.heads import SHIPPED, DraftHeads, load_heads, shipped_heads
 from tokenswift_cli.model.loading import ModelLoadError, end_of_text_ids, load_model
 from tokenswift_cli.model.rope import apply_rope, plan_rope, trained_length
-from tokenswift_cli.engine.state import kv_storage
 from tokenswift_cli.model.target import Target
+from tokenswift_cli.sampling.scripts import ScriptFilter, scripts_of, token_bytes
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
@@ -143,4 +143,19 @@ def bind_scripts(config: RunConfig, loaded: RunModel, prefix: str | None = None)
     """Resolve `--scripts auto` to the scripts of `prefix` and attach what the target distribution needs
     from the tokenizer: the scripts filter."""
     vocab_size = int(loaded.target.lm_head.weight.shape[0])
-    return config.replace(sampling=scripts.bind(config.sampling, loaded.tokenizer, vocab_size, prefix))
+    return config.replace(sampling=with_scripts_filter(config.sampling, loaded.tokenizer, vocab_size, prefix))
+
+
+def with_scripts_filter(
+    sampling: SamplingConfig, tokenizer: Any, vocab_size: int, prefix: str | None = None
+) -> SamplingConfig:
+    """`sampling` with "auto" resolved to the scripts of `prefix` and the filter built from `tokenizer`."""
+    if not sampling.scripts:
+        return sampling
+    names = sampling.scripts
+    if names == ("auto",):
+        if prefix is None:
+            raise ConfigError("--scripts auto must be resolved from the prefix before the run starts")
+        names = scripts_of(prefix)
+    script_filter = ScriptFilter(names, token_bytes(tokenizer), vocab_size)
+    return dataclasses.replace(sampling, scripts=names, script_filter=script_filter)

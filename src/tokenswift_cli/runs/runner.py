@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from tokenswift_cli import __version__
+from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
+from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
 from tokenswift_cli.model import memory
+from tokenswift_cli.model.rope import plan_rope
 from tokenswift_cli.runs import store as runs
 from tokenswift_cli.runs.checkpoint import Checkpointer, CheckpointError, read_manifest, restore
-from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
 from tokenswift_cli.runs.durable import RunLock, write_atomic
-from tokenswift_cli.cli.panel import Renderer, make_renderer
-from tokenswift_cli.model.rope import plan_rope
+from tokenswift_cli.runs.progress import QuietRenderer, Renderer
 from tokenswift_cli.runs.run_model import (
     RunModel,
     bind_scripts,
@@ -34,7 +35,6 @@ from tokenswift_cli.runs.run_model import (
     unscaled,
 )  # fmt: skip
 from tokenswift_cli.runs.session import Session, StopSignals, TextSink
-from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
 from tokenswift_cli.runs.textstream import TextStream, tokenizer_decoder
 
 
@@ -96,6 +96,11 @@ def read_prefix(source: str) -> str:
     return text.removeprefix("\ufeff")
 
 
+def _reporting(output: Output, renderer: Renderer | None) -> Renderer:
+    """`renderer`, silenced by `output.quiet`."""
+    return QuietRenderer() if renderer is None or output.quiet else renderer
+
+
 def _hint(run_dir: Path, runs_dir: Path | None) -> str:
     extra = f" --runs-dir {runs.runs_root(runs_dir)}" if runs_dir is not None else ""
     return f"resume with: tokenswift resume {run_dir.name}{extra}"
@@ -147,12 +152,15 @@ def write(
     heads: str = "default",
     runs_dir: Path | None = None,
     output: Output = DEFAULT_OUTPUT,
+    renderer: Renderer | None = None,
 ) -> int:
-    """Start a run: write `config.max_new_tokens` tokens after `prefix`. Returns the exit code."""
+    """Start a run: write `config.max_new_tokens` tokens after `prefix`. Returns the exit code.
+
+    `renderer` shows the run's progress and notes (the command line's panel); None says nothing."""
     root = runs.runs_root(runs_dir)
     runs.ensure_writable(root)
     output.check()
-    renderer = make_renderer(quiet=output.quiet)
+    renderer = _reporting(output, renderer)
     loaded = load_run_model(unscaled(model), heads, config, renderer.note)
     prompt = loaded.tokenizer(prefix)["input_ids"]
     if not prompt:
@@ -223,6 +231,7 @@ def resume(
     tokens: int | None = None,
     runs_dir: Path | None = None,
     output: Output = DEFAULT_OUTPUT,
+    renderer: Renderer | None = None,
 ) -> int:
     """Continue a run to its target (`tokens` raises it); only the new text goes to stdout."""
     run_dir = runs.resolve_run(runs.runs_root(runs_dir), run)
@@ -233,7 +242,7 @@ def resume(
         cfg = RunConfig.from_dict(settings["run_config"])
         manifest = read_manifest(run_dir)
         cfg = cfg.replace(max_new_tokens=_check_resumable(run_dir, manifest, cfg, tokens))
-        renderer = make_renderer(quiet=output.quiet)
+        renderer = _reporting(output, renderer)
         spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
         loaded = load_run_model(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
         _check_same_model(run_dir, settings, loaded)

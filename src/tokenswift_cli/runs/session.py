@@ -16,14 +16,14 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from tokenswift_cli.runs import store as runs
-from tokenswift_cli.runs.checkpoint import Checkpointer, CheckpointError
 from tokenswift_cli.config import RunConfig
 from tokenswift_cli.engine.decode import generate
-from tokenswift_cli.model.heads import DraftHeads
-from tokenswift_cli.cli.panel import Progress, Renderer
 from tokenswift_cli.engine.state import GenerationState
+from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.target import Target
+from tokenswift_cli.runs import store as runs
+from tokenswift_cli.runs.checkpoint import Checkpointer, CheckpointError
+from tokenswift_cli.runs.progress import Progress, Renderer
 from tokenswift_cli.runs.textstream import TextStream
 
 SIGPIPE_EXIT = 141

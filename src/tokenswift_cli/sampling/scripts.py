@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import bisect
 import codecs
-import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where a mask is built: `tokenswift --help` stays instant
     import torch
-
-    from tokenswift_cli.config import SamplingConfig
 
 # Always allowed under a filter: ASCII (letters included: most texts in any script quote some),
 # Latin-1's symbols, and the general punctuation, currency, letterlike and number-form blocks.
@@ -190,18 +187,3 @@ class ScriptFilter:
         """Bool `[vocab]`: the tokens that may not follow `context` (the path's last tokens)."""
         tail = b"".join(self._vocabulary[t] if t < len(self._vocabulary) else b"" for t in context[-4:])
         return self.banned_after(pending_bytes(tail))
-
-
-def bind(sampling: SamplingConfig, tokenizer: Any, vocab_size: int, prefix: str | None = None) -> SamplingConfig:
-    """`sampling` with "auto" resolved to the scripts of `prefix` and the filter built from `tokenizer`."""
-    if not sampling.scripts:
-        return sampling
-    names = sampling.scripts
-    if names == ("auto",):
-        if prefix is None:
-            from tokenswift_cli.config import ConfigError
-
-            raise ConfigError("--scripts auto must be resolved from the prefix before the run starts")
-        names = scripts_of(prefix)
-    script_filter = ScriptFilter(names, token_bytes(tokenizer), vocab_size)
-    return dataclasses.replace(sampling, scripts=names, script_filter=script_filter)

@@ -1,0 +1,161 @@
+"""`tokenswift write`: flags into configs, then `runner.write` with the command line's panel.
+
+Torch is imported only when the command runs, so `tokenswift --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import cast
+
+import typer
+
+from tokenswift_cli.cli.errors import errors
+from tokenswift_cli.cli.help import Command
+from tokenswift_cli.cli.options import (
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_LOOKUP,
+    DEFAULT_NGRAM_TOP_K,
+    DEFAULT_PARTIAL_BUDGET,
+    DEFAULT_TREE,
+    SAMPLING_DEFAULTS,
+    CheckpointEveryOpt,
+    ContextWindowOpt,
+    DeviceOpt,
+    DraftOpt,
+    DryBaseOpt,
+    DryOpt,
+    DTypeOpt,
+    EtaOpt,
+    HeadsOpt,
+    KVCacheOpt,
+    LookupOpt,
+    MinPOpt,
+    ModelOpt,
+    ModeOpt,
+    NGramTopKOpt,
+    OutOpt,
+    PartialBudgetOpt,
+    PenaltyOpt,
+    PenaltyWindowOpt,
+    PrefixOpt,
+    QuietOpt,
+    RopeFactorOpt,
+    RopeScalingOpt,
+    RunsDirOpt,
+    ScriptsOpt,
+    SeedOpt,
+    SinksOpt,
+    StopAtEosOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TokensOpt,
+    TopKOpt,
+    TopPOpt,
+    TreeOpt,
+    WeightsOpt,
+)
+from tokenswift_cli.config import (
+    DEFAULT_SINKS,
+    DraftConfig,
+    DType,
+    KVCache,
+    Mode,
+    ModelSpec,
+    RopeScaling,
+    RunConfig,
+    SamplingConfig,
+    Weights,
+)
+from tokenswift_cli.parsing import off_if_zero, parse_tokens, parse_tree, parse_window
+from tokenswift_cli.sampling.defaults import default_sampling
+from tokenswift_cli.sampling.scripts import parse_scripts
+
+EXAMPLE = "Example: tokenswift write --prefix novel.txt --tokens 100k --temperature 0.8 --seed 7 > book.txt"
+
+
+def register(app: typer.Typer) -> None:
+    """Add `write` to the main app."""
+    app.command("write", cls=Command, epilog=EXAMPLE)(write)
+
+
+def sampling_for(model: str, **given: float | int | str | tuple[str, ...] | None) -> SamplingConfig:
+    """The measured defaults for `model` (defaults.py), overridden by every flag the user set."""
+    chosen = {name: value for name, value in given.items() if value is not None}
+    return dataclasses.replace(default_sampling(model), **chosen)
+
+
+def write(
+    prefix: PrefixOpt,
+    tokens: TokensOpt,
+    model: ModelOpt = "default",
+    heads: HeadsOpt = "default",
+    dtype: DTypeOpt = "auto",
+    weights: WeightsOpt = "auto",
+    device: DeviceOpt = "cpu",
+    rope_scaling: RopeScalingOpt = "auto",
+    rope_factor: RopeFactorOpt = None,
+    context_window: ContextWindowOpt = "auto",
+    sinks: SinksOpt = DEFAULT_SINKS,
+    kv_cache: KVCacheOpt = "auto",
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
+    eta: EtaOpt = None,
+    penalty: PenaltyOpt = None,
+    penalty_window: PenaltyWindowOpt = None,
+    dry: DryOpt = None,
+    dry_base: DryBaseOpt = None,
+    scripts: ScriptsOpt = None,
+    seed: SeedOpt = SAMPLING_DEFAULTS.seed,
+    mode: ModeOpt = "tokenswift",
+    tree: TreeOpt = DEFAULT_TREE,
+    ngram_top_k: NGramTopKOpt = DEFAULT_NGRAM_TOP_K,
+    partial_budget: PartialBudgetOpt = DEFAULT_PARTIAL_BUDGET,
+    draft: DraftOpt = "auto",
+    lookup: LookupOpt = DEFAULT_LOOKUP,
+    out: OutOpt = None,
+    checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_EVERY,
+    runs_dir: RunsDirOpt = None,
+    stop_at_eos: StopAtEosOpt = False,
+    quiet: QuietOpt = False,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Write --tokens tokens after the text of --prefix; the text streams to stdout.
+
+    The run is checkpointed as it goes; Ctrl-C stops it after the current step, and `tokenswift resume`
+    continues it with exactly the text an uninterrupted run would have written.
+    """
+    with errors():
+        sampling = sampling_for(
+            model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
+            penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None,
+            dry_base=dry_base, scripts=None if scripts is None else parse_scripts(scripts),
+        )  # fmt: skip
+        if dry == 0:  # "0 = off", also when the model's defaults turn DRY on
+            sampling = dataclasses.replace(sampling, dry_multiplier=None)
+        drafting = DraftConfig(
+            tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget),
+            lookup_length=off_if_zero(lookup),
+        ).drafting(draft)  # fmt: skip
+        # The Literal-typed fields are checked by the configs themselves (one-line ConfigError).
+        config = RunConfig(
+            max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,
+            draft=drafting, window=parse_window(context_window, sinks, model), kv_cache=cast(KVCache, kv_cache),
+        )  # fmt: skip
+        spec = ModelSpec(
+            name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),
+            rope_factor=rope_factor, weights=cast(Weights, weights),
+        )  # fmt: skip
+        from tokenswift_cli.cli.panel import make_renderer
+        from tokenswift_cli.runs import runner
+
+        runner.use_threads(threads)
+        output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet)
+        text = runner.read_prefix(prefix)
+        code = runner.write(
+            prefix=text, config=config, model=spec, heads=heads, runs_dir=runs_dir, output=output,
+            renderer=make_renderer(quiet=quiet),
+        )  # fmt: skip
+    raise typer.Exit(code)
