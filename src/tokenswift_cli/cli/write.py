@@ -6,7 +6,7 @@ Torch is imported only when the command runs, so `tokenswift --help` stays insta
 from __future__ import annotations
 
 import dataclasses
-from typing import cast
+from typing import Any, cast
 
 import typer
 
@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
 
 def sampling_for(model: str, **given: float | int | str | tuple[str, ...] | None) -> SamplingConfig:
     """The measured defaults for `model` (defaults.py), overridden by every flag the user set."""
-    chosen = {name: value for name, value in given.items() if value is not None}
+    chosen: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     return dataclasses.replace(default_sampling(model), **chosen)
 
 
