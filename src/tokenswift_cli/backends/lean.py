@@ -129,7 +129,7 @@ class LeanBackend(Backend):
         block_mask: torch.Tensor | None,
         exact: bool,
     ) -> Attention:
-        """How this forward's layers attend: the fast kernels (`exact` asks nothing more of them here)."""
+        """How this forward's layers attend: the fast kernels (`exact` is a CPU matter: `backends/cpu/invariant.py`)."""
         return self.fast_attention(x, positions, cache, block_mask, rotate_sinks=False)
 
     def fast_attention(
