@@ -18,7 +18,8 @@ def backend_for(model: PreTrainedModel, *, lean: bool | None = None) -> Backend:
     backend (verification gives plain decoding's bits there: a measured CPU property); everything
     else runs the fast kernels.
     """
-    # Every backend, stock or not: code that calls the model itself then attends as the stock backend does.
+    # On every backend (the stock one needs it): code calling the model itself (quality measures, tests)
+    # then attends as the stock backend does.
     model.set_attn_implementation(ATTENTION_NAME)
     lean = supports_lean(model) if lean is None else lean
     weight = model.get_decoder().embed_tokens.weight
