@@ -46,7 +46,7 @@ def main() -> None:
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.repeats):
         for way, (decoder, kernel) in ways.items():
-            target.native, target.row_kernel = decoder, kernel
+            target.backend.native, target.backend.row_kernel = decoder, kernel
             for rows in (1, args.nodes):
                 start = time.perf_counter()
                 forward = target.forward(chain[:rows], state.full, exact=True)

@@ -116,6 +116,6 @@ def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
     cfg = RunConfig(max_new_tokens=160, sampling=sampling, window=ContextWindow(size=124), kv_cache="float16")
     fast, _ = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig().drafting("pass")))
     plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
-    target.native = None
+    target.backend.native = None
     python_layers, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     assert first_divergence(fast, plain) is None and first_divergence(python_layers, plain) is None

@@ -7,7 +7,8 @@ import pytest
 import torch
 from helpers import first_divergence, random_heads, random_prompt, tiny_target
 
-from tokenswift_cli.backends.cpu.exact_attention import exact_attention, exact_rows
+from tokenswift_cli.backends.cpu.exact_attention import exact_attention
+from tokenswift_cli.backends.rows import exact_rows
 from tokenswift_cli.config import ContextWindow, DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.engine.tree import build_tree

@@ -56,7 +56,7 @@ def test_native_decoder_gives_the_python_forwards_bits(kind: str, window: Contex
     for tokens, depths, mask in ((chain[:1], None, None), (TREE.tokens, TREE.depths, TREE.mask)):
         results = []
         for use in (native, None):
-            target.native = use
+            target.backend.native = use
             capture = QueryCapture(row=0)
             out = target.forward(tokens, cache, depths=depths, block_mask=mask, capture=capture, exact=True)
             layer = cache.layer_list[-1]
@@ -78,7 +78,7 @@ def test_auto_stores_float16_where_the_native_decoder_reads_it() -> None:
     native = Target(_model("qwen2"))
     assert kv_storage(RunConfig(max_new_tokens=1), native) == torch.float16
     assert kv_storage(RunConfig(max_new_tokens=1, kv_cache="model"), native) == torch.float32
-    native.native = None  # the torch paths would widen a copy of the cache per forward
+    native.backend.native = None  # the torch paths would widen a copy of the cache per forward
     assert kv_storage(RunConfig(max_new_tokens=1), native) == torch.float32
     assert kv_storage(RunConfig(max_new_tokens=1, kv_cache="float16"), native) == torch.float16
 

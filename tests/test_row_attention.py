@@ -124,8 +124,8 @@ def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) ->
     from conftest import tiny_model
     from helpers import assert_windowed_sampling_is_lossless
 
+    from tokenswift_cli.backends.cpu import invariant
     from tokenswift_cli.backends.cpu.int4 import quantize_decoder
-    from tokenswift_cli.model import target as target_module
     from tokenswift_cli.model.target import Target
 
     calls: list[int] = []
@@ -134,12 +134,12 @@ def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) ->
         calls.append(query.shape[2])
         return ra.row_attention(query, *args, **kwargs)
 
-    monkeypatch.setattr(target_module, "row_attention", counted)
+    monkeypatch.setattr(invariant, "row_attention", counted)
     model = tiny_model(family)
     quantize_decoder(model)  # 4-bit weights: float32 verification runs exactly, here through the kernel
     target = Target(model)
     assert target.row_kernel
-    target.native = None  # the layers in Python, calling the kernel (test_native_decoder.py: in C++)
+    target.backend.native = None  # the layers in Python, calling the kernel (test_native_decoder.py: in C++)
     assert_windowed_sampling_is_lossless(target)
     assert 1 in calls and max(calls) > 1  # plain steps and trees both ran through it
 

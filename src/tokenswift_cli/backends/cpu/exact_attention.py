@@ -14,7 +14,7 @@ decoding's by up to ~0.5 and the texts part. Here every reduction that rounds is
   a few hundred terms no longer shows after rounding back.
 
 The linear layers need the same care (a product of 28, 30, 32 or 40+ rows took another kernel
-here), so in exact mode they too run on at most `EXACT_ROWS` rows at a time (`exact_rows`).
+here), so in exact mode they too run on at most `EXACT_ROWS` rows at a time (`rows.exact_rows`).
 
 float32 has a cheaper layout of the same idea (`exact_float32.py`), which `exact_attention` takes
 for float32 inputs.
@@ -28,33 +28,10 @@ from __future__ import annotations
 import torch
 
 from tokenswift_cli.backends.cpu.exact_float32 import Float32Layout, exact_attention_float32
+from tokenswift_cli.backends.rows import EXACT_ROWS
 from tokenswift_cli.model.attention import pack_queries, unpack_output
 
 BLOCK = 256
-EXACT_ROWS = 16
-
-
-ROW_MULTIPLE = 4  # products of 1-3 rows (a plain step's) round differently on some CPUs: padded to 4
-
-
-def exact_rows(module: torch.nn.Module, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """`module` applied to `x` (rows along `dim`) in products of 4, 8, 12 or 16 rows (row-wise modules).
-
-    Measured on an AMD EPYC with AVX-512: a float32 linear layer gives a row the same bits in
-    products of 4, 8, 12 and 13-16 rows, other bits in products of 1-3, 5-7 and 9-11; a bfloat16
-    one (1536 -> 576) other bits in a product of one row. Zero rows pad each product up to a
-    multiple of `ROW_MULTIPLE`.
-    """
-    parts = []
-    for part in x.split(EXACT_ROWS, dim=dim):
-        rows = part.shape[dim]
-        short = -rows % ROW_MULTIPLE
-        if short:
-            pad = list(part.shape)
-            pad[dim] = short
-            part = torch.cat([part, part.new_zeros(pad)], dim=dim)
-        parts.append(module(part).narrow(dim, 0, rows))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
 def _per_row(tail: torch.Tensor, new: torch.Tensor, own: torch.Tensor) -> torch.Tensor:

@@ -19,9 +19,9 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from tokenswift_cli.backends.cpu import kernels
-from tokenswift_cli.backends.cpu.exact_attention import EXACT_ROWS
 from tokenswift_cli.backends.cpu.int4 import Int4Linear
 from tokenswift_cli.backends.cpu.row_attention import RowLayout
+from tokenswift_cli.backends.rows import EXACT_ROWS
 from tokenswift_cli.model.cache import PreallocatedLayer
 
 _NORMS = (LlamaRMSNorm.forward, Qwen2RMSNorm.forward)

@@ -1,0 +1,68 @@
+"""The backend seam: how a forward of the target model runs on its device, decided once at load time.
+
+`select.backend_for` picks one backend per model; `model.target.Target` only delegates to it. A
+backend runs new tokens after a cache's committed positions and turns hidden states into logits;
+its plain attributes say what the engine (and the tests) may rely on.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from tokenswift_cli.backends.rows import exact_rows
+from tokenswift_cli.model.cache import _PreallocatedCache
+from tokenswift_cli.model.forward import Forward, QueryCapture
+
+
+class OutputHead(Protocol):
+    """An output head stored otherwise than the lm_head's weight; each row's logits depend on that row only."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+class Backend(ABC):
+    """How one model's forwards run. Subclasses set the attributes that apply to them."""
+
+    lean = False  # runs the decoder's layers itself: context windows (and automatic rope scaling) need it
+    native: Any = None  # a compiled decoder that reads a float16 cache in place (so "auto" stores float16)
+    row_kernel = False  # exact float32 attention through the C++ row kernel
+    rounds_inputs = False  # 4-bit layers round their inputs to bfloat16 (so float32 verification runs exactly)
+    q8_head: OutputHead | None = None  # the output head as Q8_0, read as int8
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.decoder: Any = model.get_decoder()
+        self.lm_head: Any = model.get_output_embeddings()
+        self.device: torch.device = self.decoder.embed_tokens.weight.device
+        self.dtype: torch.dtype = self.decoder.embed_tokens.weight.dtype
+
+    @abstractmethod
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: _PreallocatedCache,
+        *,
+        block_mask: torch.Tensor | None,
+        capture: QueryCapture | None,
+        exact: bool,
+    ) -> Forward:
+        """Run `tokens` `[q]` at `positions` `[1, q]` (both on the device) after `cache`'s committed positions.
+
+        Each token sees every committed position and the new tokens `block_mask` `[q, q]` allows
+        (None: causal); the new keys/values are written after the committed ones. `exact`: the
+        caller needs each token's result independent of the rest of the batch, where the backend
+        can tell them apart (verification against plain decoding).
+        """
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits `[..., vocab]` in float32 from post-norm hidden states `[..., hidden]`."""
+        if self.q8_head is not None:
+            return self.q8_head.logits(hidden)
+        rows = hidden.to(self.lm_head.weight.device).reshape(-1, hidden.shape[-1])
+        logits = exact_rows(self.lm_head, rows, dim=0).float()  # a row's bits, whatever the batch
+        return logits.reshape(*hidden.shape[:-1], -1)
