@@ -8,6 +8,10 @@ from helpers import first_divergence, random_heads, random_prompt, tiny_target
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.engine.auto.tuner import Costs, Plan, Tuner, candidate_plans
 from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.engine.drafters.draft_pass import PassDrafter
+from tokenswift_cli.engine.drafters.from_verify import VerifyDrafter
+from tokenswift_cli.engine.drafters.lookup import LookupDrafter
+from tokenswift_cli.engine.drafters.plain import PlainDrafter
 
 SMALL = {"partial_budget": 64, "sink_tokens": 4, "recent_window": 16}
 SAMPLED = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=5)
@@ -54,15 +58,15 @@ def test_plans_of_auto_mode() -> None:
     assert plans[0].depth_cap == 0 and all(p.depth_cap > 0 for p in plans[1:])
     no_lookup = RunConfig(max_new_tokens=10, draft=DraftConfig(auto=True, lookup_length=None))
     assert "lookup" not in [p.source for p in candidate_plans(no_lookup, num_heads=3)]
-    assert candidate_plans(RunConfig(max_new_tokens=10), num_heads=3) == [Plan("pass", DraftConfig())]
+    assert candidate_plans(RunConfig(max_new_tokens=10), num_heads=3) == [Plan(PassDrafter, DraftConfig())]
     assert [p.source for p in candidate_plans(RunConfig(max_new_tokens=10, mode="plain"), num_heads=3)] == ["plain"]
 
 
-PLAIN = Plan("plain", DraftConfig())
-SMALL_TREE = Plan("verify", DraftConfig(source="verify", tree=(1,), ngram_top_k=1))
-LARGE_TREE = Plan("verify", DraftConfig(source="verify", tree=(3, 3, 3)))
-PASS = Plan("pass", DraftConfig())
-LOOKUP = Plan("lookup", DraftConfig(source="lookup", lookup_length=16))
+PLAIN = Plan(PlainDrafter, DraftConfig())
+SMALL_TREE = Plan(VerifyDrafter, DraftConfig(source="verify", tree=(1,), ngram_top_k=1))
+LARGE_TREE = Plan(VerifyDrafter, DraftConfig(source="verify", tree=(3, 3, 3)))
+PASS = Plan(PassDrafter, DraftConfig())
+LOOKUP = Plan(LookupDrafter, DraftConfig(source="lookup", lookup_length=16))
 
 
 def _run(

@@ -145,8 +145,8 @@ def test_split_kv_over_threads_is_lossless(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_the_draft_pass_on_the_partial_cache_sits_at_the_texts_position() -> None:
     """The partial cache holds fewer positions than the text: the root must still be rotated at n."""
-    from tokenswift_cli.engine.auto.tuner import Plan
-    from tokenswift_cli.engine.draft import propose
+    from tokenswift_cli.engine.drafters.base import DraftModel
+    from tokenswift_cli.engine.drafters.draft_pass import PassDrafter
 
     target = tiny_target("llama-gqa")
     cfg = RunConfig(max_new_tokens=8, draft=SMALL_PARTIAL)
@@ -155,7 +155,7 @@ def test_the_draft_pass_on_the_partial_cache_sits_at_the_texts_position() -> Non
     seen: list[list[int]] = []
     hook = target.decoder.rotary_emb.register_forward_hook(lambda m, args, out: seen.append(args[1][0].tolist()))
     try:
-        propose(target, random_heads(target), state, Plan("pass", SMALL_PARTIAL), leaf=None, sampling=cfg.sampling)
+        PassDrafter(SMALL_PARTIAL, DraftModel(target, random_heads(target), cfg.sampling)).propose(state)
     finally:
         hook.remove()
     assert seen == [[len(state.tokens)]]

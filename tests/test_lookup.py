@@ -8,6 +8,9 @@ from helpers import first_divergence, random_prompt, tiny_target
 from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.engine.auto.tuner import Plan, Tuners, candidate_plans
 from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.engine.drafters.draft_pass import PassDrafter
+from tokenswift_cli.engine.drafters.lookup import LookupDrafter
+from tokenswift_cli.engine.drafters.plain import PlainDrafter
 from tokenswift_cli.engine.lookup import REPEATING, TextLookup
 
 
@@ -65,7 +68,7 @@ def test_lookup_drafts_are_lossless_and_accepted_whole_on_a_loop(sampling: Sampl
 
 
 def test_repeating_text_is_tuned_apart() -> None:
-    plain, lookup = Plan("plain", DraftConfig()), Plan("lookup", DraftConfig(source="lookup"))
+    plain, lookup = Plan(PlainDrafter, DraftConfig()), Plan(LookupDrafter, DraftConfig(source="lookup"))
     tuners = Tuners([plain, lookup])
     for repeating, accepted in ((False, 0), (True, 16)):  # fresh prose: nothing; a loop: the whole chain
         for _ in range(30):
@@ -86,5 +89,5 @@ def test_repeating_text_tries_only_plain_steps_and_lookups() -> None:
     tuners = Tuners(plans)
     assert {a.plan.source for a in tuners[True].arms} == {"plain", "lookup"}
     assert len(tuners[False].arms) == len(plans)
-    only_pass = Tuners([Plan("pass", DraftConfig())])
+    only_pass = Tuners([Plan(PassDrafter, DraftConfig())])
     assert [a.plan.source for a in only_pass[True].arms] == ["pass"]  # nothing to restrict to: as configured

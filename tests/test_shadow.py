@@ -11,13 +11,17 @@ from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.engine import decode
 from tokenswift_cli.engine.auto.shadow import Shadows, _head_tries
 from tokenswift_cli.engine.auto.tuner import Plan, Tuner
+from tokenswift_cli.engine.candidates import candidates
 from tokenswift_cli.engine.decode import generate_tokens
-from tokenswift_cli.engine.draft import Drafts, candidates, propose
+from tokenswift_cli.engine.drafters.base import DraftModel, Drafts, Step
+from tokenswift_cli.engine.drafters.from_verify import VerifyDrafter
+from tokenswift_cli.engine.drafters.lookup import LookupDrafter
+from tokenswift_cli.engine.drafters.plain import PlainDrafter
 from tokenswift_cli.engine.state import prefill
 from tokenswift_cli.engine.tree import Tree, trie
 from tokenswift_cli.engine.verify import accept, verify
 
-LOOKUP = Plan("lookup", DraftConfig(source="lookup", lookup_length=8))
+LOOKUP = Plan(LookupDrafter, DraftConfig(source="lookup", lookup_length=8))
 SAMPLED = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=5)
 
 
@@ -25,7 +29,7 @@ class Recorder(Tuner):
     """A tuner that keeps every shadow's result."""
 
     def __init__(self) -> None:
-        super().__init__([Plan("plain", DraftConfig()), LOOKUP])
+        super().__init__([Plan(PlainDrafter, DraftConfig()), LOOKUP])
         self.seen: list[tuple[Plan, int, int]] = []
 
     def observe(self, plan: Plan, accepted: int, rows: int) -> None:
@@ -52,7 +56,7 @@ def test_a_shadow_accepts_what_verifying_the_same_draft_accepts(sampling: Sampli
     tuner, shadows, verified_counts = Recorder(), Shadows(), []
     while not state.finished(cfg):
         chain = state.lookup.match(state.tokens, state.root).draft(8)
-        tree = candidates(state.root, Drafts(levels=(), chain=chain) if chain else None, state.ngrams, LOOKUP.draft)
+        tree = candidates(state.root, Drafts(levels=(), chain=chain) if chain else None, state.ngrams)
         shadows.watch(tuner, LOOKUP, tree, start=len(state.tokens) + 1)
         accepted = accept(tree, verify(target, tree, state.full).logits, state.tokens, sampling)
         verified_counts.append(len(accepted.tokens))
@@ -93,15 +97,18 @@ def test_a_verify_plans_shadow_is_the_draft_it_proposes_next() -> None:
     heads = random_heads(target)
     cfg = RunConfig(max_new_tokens=20)
     state = prefill(target, random_prompt(30, seed=9), cfg)
-    plan = Plan("verify", DraftConfig(source="verify", tree=(2, 2, 1), ngram_top_k=2))
+    plan = Plan(VerifyDrafter, DraftConfig(source="verify", tree=(2, 2, 1), ngram_top_k=2))
+    model = DraftModel(target, heads, cfg.sampling)
+    drafter = plan.build(model)
     for _ in range(5):  # plain steps: the root's state draws the next root
-        tree = candidates(state.root, None, state.ngrams, plan.draft)
+        tree = candidates(state.root, None, state.ngrams)
         verified = verify(target, tree, state.full)
         accepted = accept(tree, verified.logits, state.tokens, cfg.sampling)
-        (_, shadow, later), *_ = _head_tries(target, heads, state, [plan], verified=verified, accepted=accepted,
-                                             sampling=cfg.sampling)  # fmt: skip
+        step = Step(tree=tree, verified=verified, accepted=accepted)
+        (_, shadow, later), *_ = _head_tries(model, state, {plan: drafter}, step)
+        drafter.update(state, step)
         state.commit(accepted, verified.queries, cfg)
-        drafts = propose(target, heads, state, plan, leaf=verified.pre_norm[0], sampling=cfg.sampling)
-        real = candidates(state.root, drafts, state.ngrams, plan.draft)
+        drafts = drafter.propose(state)
+        real = candidates(state.root, drafts, state.ngrams)
         assert later == 1 and shadow.size == real.size > 1
         assert [dict(c) for c in shadow.children] == [dict(c) for c in real.children]

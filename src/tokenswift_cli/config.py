@@ -102,12 +102,12 @@ class DraftConfig:
     i+1 the top-w of head i; all combinations are candidates. Levels beyond the number of heads are
     dropped. `partial_budget` None drafts on the full cache.
     `source` "pass" drafts with a forward of the root on the partial cache (the paper), "verify" from
-    the verification pass's hidden state (Medusa-style, no extra forward; see draft.py), "ngram" from
-    the n-gram table alone (the root's continuations: no heads), "lookup" a chain of up to
-    `lookup_length` tokens, what followed the latest longest earlier match of the text's end
-    (lookup.py; None: off). `auto` lets autotune.py pick per iteration, from measured tokens/s, among
-    plain steps, n-grams alone, lookups, and smaller and larger drafts of both sources; every choice
-    writes the same text.
+    the verification pass's hidden state (Medusa-style, no extra forward), "ngram" from the n-gram
+    table alone (the root's continuations: no heads), "lookup" a chain of up to `lookup_length`
+    tokens, what followed the latest longest earlier match of the text's end (None: off); one
+    drafter each in engine/drafters/. `auto` lets the tuner (engine/auto/) pick per iteration, from
+    measured tokens/s, among plain steps, n-grams alone, lookups, and smaller and larger drafts of
+    both sources; every choice writes the same text.
     """
 
     tree: tuple[int, ...] = (1, 3, 3, 3)

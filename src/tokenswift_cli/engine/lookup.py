@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 # A match of this many tokens before the root marks the text as repeating itself: the tuner then
-# measures the plans apart from plain prose (autotune.Tuners).
+# measures the plans apart from plain prose (auto/tuner.Tuners).
 REPEATING = 6
 
 
@@ -62,6 +62,7 @@ class TextLookup:
         self._text = torch.empty(0, dtype=torch.long)
         self._keys = torch.empty(0, dtype=torch.long)  # [i]: the 3 tokens ending at i, or -1
         self._length = 0
+        self._last: tuple[tuple[int, int], Match] | None = None  # the latest answer, by (text length, root)
 
     def _sync(self, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The committed tokens and their keys as tensors; the mirrors grow geometrically."""
@@ -80,7 +81,16 @@ class TextLookup:
         return self._text[:n], self._keys[:n]
 
     def match(self, tokens: Sequence[int], root: int) -> Match:
-        """The latest longest earlier match (3 to max_match + 1 tokens) of the text `tokens` + `root`."""
+        """The latest longest earlier match (3 to max_match + 1 tokens) of the text `tokens` + `root`.
+
+        The latest answer is kept: the tuner and the lookup drafter both ask, once each per iteration.
+        """
+        key = (len(tokens), root)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._find(tokens, root))
+        return self._last[1]
+
+    def _find(self, tokens: Sequence[int], root: int) -> Match:
         text, keys = self._sync(tokens)  # [n], [n]
         n = text.shape[0]
         if n < self.KEY:

@@ -3,30 +3,25 @@
 The acceptance walk draws each position's token as plain decoding does (verify.accept), so the
 draft tokens a tree would have accepted are its longest path that the committed text continues. A
 few tokens later that is known at the cost of a dictionary walk, for any plan: the tuner
-(autotune.py) learns every plan's acceptance this way and runs a plan only where it pays.
+(tuner.py) learns every plan's acceptance this way and runs a plan only where it pays.
 
-The drafts are the plans' own (`draft.propose`, `draft.candidates`), with one approximation: a
-draft pass's shadow reads the root's logits and state from the verification pass (full cache), not
-from a pass over the partial cache, so it runs no extra forward.
+The drafts are the plans' own (their drafters', then `candidates.candidate_trie`), with one
+approximation: a draft pass's shadow reads the root's logits and state from the verification pass
+(full cache), not from a pass over the partial cache, so it runs no extra forward.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import torch
-
-from tokenswift_cli.config import SamplingConfig
 from tokenswift_cli.engine.auto.tuner import Plan, Tuner
-from tokenswift_cli.engine.draft import Drafts, candidate_trie, head_logits, propose, top_tokens
-from tokenswift_cli.engine.lookup import Match
+from tokenswift_cli.engine.candidates import candidate_trie
+from tokenswift_cli.engine.drafters.base import DraftModel, SourceDrafter, Step
+from tokenswift_cli.engine.drafters.heads import HeadDrafter, head_logits, root_context, top_tokens
 from tokenswift_cli.engine.state import GenerationState
 from tokenswift_cli.engine.tree import Tree, TreeBuilder
-from tokenswift_cli.engine.verify import Acceptance, Verified
-from tokenswift_cli.model.heads import DraftHeads
-from tokenswift_cli.model.target import Target
 
 
 @dataclass
@@ -59,30 +54,27 @@ class Shadows:
     def draft(
         self,
         tuner: Tuner,
-        target: Target,
-        heads: DraftHeads | None,
+        members: Mapping[Plan, SourceDrafter],
         state: GenerationState,
+        step: Step,
         *,
-        match: Match,
-        verified: Verified,
-        accepted: Acceptance,
-        sampling: SamplingConfig,
+        model: DraftModel,
     ) -> None:
-        """Draft, within the budget, what `tuner`'s plans would have at this iteration (before its commit)."""
+        """Draft, within the budget, what `tuner`'s plans (their drafters in `members`) would have at
+        this iteration, before its commit."""
         plans, start = tuner.shadowed(), len(state.tokens) + 1
-        if not plans:  # one plan, nothing to choose: plain decoding, or a plan given on the command line
+        if not plans:  # one plan, nothing to choose
             return
+        shadowed = {plan: members[plan] for plan in plans}
         budget = self._share * (time.perf_counter() - self._began)
         for kind in self._spent:
             if self._spent[kind] > budget:
                 continue
             began = time.perf_counter()
             if kind == "free":
-                tries = _free_tries(target, state, plans, match, sampling)
+                tries = _free_tries(state, shadowed)
             else:
-                tries = _head_tries(
-                    target, heads, state, plans, verified=verified, accepted=accepted, sampling=sampling
-                )
+                tries = _head_tries(model, state, shadowed, step)
             for plan, trie, later in tries:
                 self.watch(tuner, plan, trie, start + later)
             self._spent[kind] += time.perf_counter() - began
@@ -109,27 +101,17 @@ class Shadows:
         self._watching = waiting
 
 
-def _free_tries(
-    target: Target, state: GenerationState, plans: Sequence[Plan], match: Match, sampling: SamplingConfig
-) -> list[tuple[Plan, TreeBuilder, int]]:
+def _free_tries(state: GenerationState, members: Mapping[Plan, SourceDrafter]) -> list[tuple[Plan, TreeBuilder, int]]:
     """The tries of the plans that draft from the text alone (n-grams, lookups), rooted at the root."""
-    tries = []
-    for plan in plans:
-        if plan.source in ("ngram", "lookup"):  # the plans' own drafts: `propose` reads no model for these
-            drafts = propose(target, None, state, plan, leaf=None, match=match, sampling=sampling)
-            tries.append((plan, candidate_trie(state.root, drafts, state.ngrams, plan.draft), 0))
-    return tries
+    return [
+        (plan, candidate_trie(state.root, member.propose(state), state.ngrams), 0)
+        for plan, member in members.items()
+        if not member.reads_model
+    ]
 
 
 def _head_tries(
-    target: Target,
-    heads: DraftHeads | None,
-    state: GenerationState,
-    plans: Sequence[Plan],
-    *,
-    verified: Verified,
-    accepted: Acceptance,
-    sampling: SamplingConfig,
+    model: DraftModel, state: GenerationState, members: Mapping[Plan, SourceDrafter], step: Step
 ) -> list[tuple[Plan, TreeBuilder, int]]:
     """The tries of the plans that draft from the heads, with how far past the root each starts.
 
@@ -138,20 +120,22 @@ def _head_tries(
     Medusa-style draft of the next iteration. Each row's target scores serve every width (the next
     root's draft scores its rows after the root's context, a token short: an estimate).
     """
-    wanted = [p for p in plans if p.source == "pass" or (p.source == "verify" and not accepted.nodes)]
-    if heads is None or not wanted:
+    wanted = {
+        plan: member
+        for plan, member in members.items()
+        if isinstance(member, HeadDrafter) and (member.draft_pass or not step.accepted.nodes)
+    }
+    if model.heads is None or not wanted:
         return []
-    rows = [verified.logits[0], *head_logits(target, heads, verified.pre_norm[0])]  # depths 1, 2, ... below the root
-    context = torch.tensor([*state.tokens[-sampling.context_length :], state.root], dtype=torch.long)
+    head_rows = head_logits(model.target, model.heads, step.verified.pre_norm[0])  # [K, vocab]
+    rows = [step.verified.logits[0], *head_rows]  # depths 1, 2, ... below the root
     widest = max(max(p.draft.tree, default=1) for p in wanted)
-    ranked = top_tokens(rows, context, [widest] * len(rows), sampling)
+    ranked = top_tokens(rows, root_context(state, model.sampling), [widest] * len(rows), model.sampling)
     tries = []
-    for plan in wanted:
-        if plan.source == "pass":
-            levels = tuple(tuple(top[:w]) for top, w in zip(ranked, plan.draft.tree, strict=False))
-            tries.append((plan, candidate_trie(state.root, Drafts(levels=levels), state.ngrams, plan.draft), 0))
-        else:
-            levels = tuple(tuple(top[:w]) for top, w in zip(ranked[1:], plan.draft.tree, strict=False))
-            drafts = Drafts(levels=levels, ngram_key="root")
-            tries.append((plan, candidate_trie(accepted.next_root, drafts, state.ngrams, plan.draft), 1))
+    for plan, member in wanted.items():
+        if member.draft_pass:  # the root's own rows: the draft pass's draft for the root
+            tries.append((plan, candidate_trie(state.root, member.drafts_from(ranked), state.ngrams), 0))
+        else:  # the heads on the state that drew the next root: the next iteration's draft
+            trie = candidate_trie(step.accepted.next_root, member.drafts_from(ranked[1:]), state.ngrams)
+            tries.append((plan, trie, 1))
     return tries

@@ -23,38 +23,46 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenswift_cli.config import DraftConfig, RunConfig
+from tokenswift_cli.engine.drafters.base import DraftModel, SourceDrafter
+from tokenswift_cli.engine.drafters.draft_pass import PassDrafter
+from tokenswift_cli.engine.drafters.from_verify import VerifyDrafter
+from tokenswift_cli.engine.drafters.lookup import LookupDrafter
+from tokenswift_cli.engine.drafters.ngrams import NGramDrafter
+from tokenswift_cli.engine.drafters.plain import PlainDrafter
+from tokenswift_cli.engine.drafters.sources import SOURCES
 
 LOOKUP_SHORT = 4  # the short lookup's length: cheap where the long one's tail is rejected
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How one iteration drafts: `source` "plain" verifies the root alone (a plain decoding step)."""
+    """How one iteration drafts: a source (the plain drafter verifies the root alone) and its settings."""
 
-    source: str  # "plain", "pass", "verify", "ngram" or "lookup"
+    drafter: type[SourceDrafter]
     draft: DraftConfig
+
+    @property
+    def source(self) -> str:
+        """The source's name, as `--draft` spells it."""
+        return self.drafter.name
+
+    @property
+    def plain(self) -> bool:
+        """A plain decoding step: the unit of every cost, the rate to beat."""
+        return self.drafter is PlainDrafter
 
     @property
     def depth_cap(self) -> int:
         """The deepest draft the plan allows (the paper's K + 1 slots of alpha)."""
-        if self.source == "plain":
-            return 0
-        if self.source == "ngram":
-            return self.draft.ngram_size - 1 if self.draft.ngram_top_k else 0
-        if self.source == "lookup":
-            return self.draft.lookup_length or 0
-        return max(len(self.draft.tree), self.draft.ngram_size if self.draft.ngram_top_k else 0)
+        return self.drafter.slots(self.draft)
 
     @property
     def name(self) -> str:
-        if self.source == "plain":
-            return "plain"
-        if self.source == "ngram":
-            return f"ngram{self.draft.ngram_top_k or 0}"
-        if self.source == "lookup":
-            return f"lookup{self.draft.lookup_length or 0}"
-        tree = ",".join(map(str, self.draft.tree))
-        return f"{self.source}[{tree}]+ngram{self.draft.ngram_top_k or 0}"
+        return self.drafter.label(self.draft)
+
+    def build(self, model: DraftModel) -> SourceDrafter:
+        """The plan's drafter, drafting with `model`."""
+        return self.drafter(self.draft, model)
 
 
 def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
@@ -62,21 +70,22 @@ def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
     and full drafts of both sources (each smaller draft before the larger one of its source)."""
     draft = cfg.draft
     if cfg.mode == "plain":
-        return [Plan("plain", draft)]
+        return [Plan(PlainDrafter, draft)]
     if not draft.auto:
-        return [Plan(draft.source, draft)]
+        return [Plan(SOURCES[draft.source], draft)]
     full_k = draft.ngram_top_k or 4
     small = dataclasses.replace(draft, tree=(1,) * min(len(draft.tree), 1 + num_heads), ngram_top_k=1)
     full = dataclasses.replace(draft, ngram_top_k=full_k)
     verify_small = dataclasses.replace(draft, tree=(1,) * max(num_heads, 1), ngram_top_k=1)
     verify_full = dataclasses.replace(draft, tree=draft.tree[1:] or (1,), ngram_top_k=full_k)
     ngram_only = dataclasses.replace(draft, ngram_top_k=1)  # the cheapest draft: prompt lookup's
-    plans = [Plan("plain", draft), Plan("ngram", ngram_only)]
+    plans = [Plan(PlainDrafter, draft), Plan(NGramDrafter, ngram_only)]
     if draft.lookup_length is not None:
         short = dataclasses.replace(draft, lookup_length=min(draft.lookup_length, LOOKUP_SHORT))
-        plans += [Plan("lookup", short)] + ([Plan("lookup", draft)] if draft.lookup_length > LOOKUP_SHORT else [])
-    plans += [Plan("verify", verify_small), Plan("verify", verify_full)]
-    return plans + [Plan("pass", small), Plan("pass", full)]
+        longer = [Plan(LookupDrafter, draft)] if draft.lookup_length > LOOKUP_SHORT else []
+        plans += [Plan(LookupDrafter, short), *longer]
+    plans += [Plan(VerifyDrafter, verify_small), Plan(VerifyDrafter, verify_full)]
+    return plans + [Plan(PassDrafter, small), Plan(PassDrafter, full)]
 
 
 class _Mean:
@@ -112,13 +121,13 @@ class Costs:
 
     def record(self, plan: Plan, rows: int, seconds: float) -> float | None:
         """Learn from one iteration; returns its cost in plain steps (None before any plain step)."""
-        if rows == 1 and plan.source != "pass":
+        if rows == 1 and not plan.drafter.draft_pass:
             self.plain.add(seconds)
         unit = self.plain.get(0.0)
         if unit <= 0:
             return None
         steps = seconds / unit
-        if plan.source == "pass":
+        if plan.drafter.draft_pass:
             self.draft.add(max(0.0, steps - self.estimate(plan, rows, with_draft=False)))
         elif rows > 1:
             self._extra.add(steps - 1.0)
@@ -128,7 +137,7 @@ class Costs:
     def estimate(self, plan: Plan, rows: float, *, with_draft: bool = True) -> float:
         """Plain steps an iteration of `plan` with `rows` rows should take (extra rows free while unmeasured)."""
         steps = 1.0 + (self.row or 0.0) * max(0.0, rows - 1.0)
-        return steps + (self.draft.get(1.0) if with_draft and plan.source == "pass" else 0.0)
+        return steps + (self.draft.get(1.0) if with_draft and plan.drafter.draft_pass else 0.0)
 
 
 @dataclass
@@ -140,7 +149,7 @@ class _Arm:
 
     def expected_rate(self, costs: Costs) -> float:
         """Tokens per plain step's time: accepted + 1 over the cost (measured, blended with the estimate)."""
-        if self.plan.source == "plain":
+        if self.plan.plain:
             return 1.0
         estimate = costs.estimate(self.plan, self.rows.get(1.0))
         cost = (self.steps.total + estimate) / (self.steps.weight + 1.0)
@@ -167,17 +176,13 @@ class Tuner:
         self.costs = costs if costs is not None else Costs()
         self.gain = gain
 
-    @classmethod
-    def for_run(cls, cfg: RunConfig, *, num_heads: int) -> Tuner:
-        return cls(candidate_plans(cfg, num_heads=num_heads))
-
     def next(self) -> Plan:
         """The plan of this iteration: the highest expected rate, plain steps unless another beats them by `gain`."""
         if len(self.arms) == 1:
             return self.arms[0].plan
         rates = [a.expected_rate(self.costs) for a in self.arms]
-        paying = [i for i, r in enumerate(rates) if r >= self.gain and self.arms[i].plan.source != "plain"]
-        plain = next((a.plan for a in self.arms if a.plan.source == "plain"), self.arms[0].plan)
+        paying = [i for i, r in enumerate(rates) if r >= self.gain and not self.arms[i].plan.plain]
+        plain = next((a.plan for a in self.arms if a.plan.plain), self.arms[0].plan)
         if not paying or self.costs.plain.weight == 0:  # a plain step first: the unit of every cost
             return plain
         if self.costs.row is None:  # rows unpriced: try the smallest paying tree first
@@ -186,7 +191,7 @@ class Tuner:
 
     def shadowed(self) -> list[Plan]:
         """The plans whose acceptance shadows measure: all but plain steps (none when there is no choice)."""
-        return [a.plan for a in self.arms if a.plan.source != "plain"] if len(self.arms) > 1 else []
+        return [a.plan for a in self.arms if not a.plan.plain] if len(self.arms) > 1 else []
 
     def observe(self, plan: Plan, accepted: int, rows: int) -> None:
         """A shadow of `plan` (a tree of `rows` rows) would have accepted `accepted` draft tokens."""
@@ -201,7 +206,7 @@ class Tuner:
         runs on a few lucky shadows must learn from its own steps that the luck ran out.
         """
         steps = self.costs.record(plan, rows, seconds)
-        if len(self.arms) == 1 or plan.source == "plain":
+        if len(self.arms) == 1 or plan.plain:
             return
         self.observe(plan, tokens - 1, rows)
         if steps is not None:
@@ -227,12 +232,8 @@ class Tuners:
         self._costs = Costs()
         self._tuners: dict[bool, Tuner] = {}
 
-    @classmethod
-    def for_run(cls, cfg: RunConfig, *, num_heads: int) -> Tuners:
-        return cls(candidate_plans(cfg, num_heads=num_heads))
-
     def __getitem__(self, repeating: bool) -> Tuner:
         if repeating not in self._tuners:
-            plans = [p for p in self._plans if p.source in ("plain", "lookup")] if repeating else []
+            plans = [p for p in self._plans if p.drafter in (PlainDrafter, LookupDrafter)] if repeating else []
             self._tuners[repeating] = Tuner(plans or self._plans, costs=self._costs, **self._options)  # type: ignore[arg-type]
         return self._tuners[repeating]
