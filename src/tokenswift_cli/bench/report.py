@@ -32,11 +32,11 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _same(equality: Equality, itself: bool) -> str:
+def _same(equality: Equality, itself: bool, *, reasons: bool = True) -> str:
     """The equality cell: blank for the method itself, green yes, red no @i, dim n/a (reasons)."""
     if itself:
         return ""
-    label = equality.label()
+    label = "n/a" if equality.gaps and not reasons else equality.label()
     style = "green" if equality.equal else "red" if equality.equal is False else "dim"
     return label if label == "-" else f"[{style}]{label}[/]"
 
@@ -61,7 +61,8 @@ def render_table(results: Sequence[Result], title: str = "tokenswift bench") -> 
             str(r.case.context), str(r.case.new_tokens), r.method, _tokens(r), _fmt(r.tokens_per_second),
             _fmt(r.ms_per_token, 1), _fmt(r.speedup_plain), _fmt(r.speedup_generate), _fmt(r.alpha),
             _fmt(r.mean_accepted), _fmt(r.beta), "/".join(f"{d:.2f}" for d in r.distinct), _fmt(r.peak_rss_mb, 0),
-            _same(r.to_plain, r.method == "plain"), _same(r.to_generate, r.method == "generate"),
+            # generate()'s reasons against plain are plain's against generate(), a row above
+            _same(r.to_plain, r.method == "plain", reasons=False), _same(r.to_generate, r.method == "generate"),
         )  # fmt: skip
     return table
 

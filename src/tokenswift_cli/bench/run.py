@@ -21,7 +21,7 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
 
     from tokenswift_cli.bench.report import render_table, write_results
 
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
     request.settings(request.run_config())  # every option checked before the model loads
     if request.threads:
         torch.set_num_threads(request.threads)
