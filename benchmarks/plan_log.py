@@ -19,8 +19,7 @@ import statistics
 import torch
 
 from tokenswift_cli.bench.harness import Bench
-from tokenswift_cli.bench.models import BenchRequest, open_model, prefix_tokens
-from tokenswift_cli.config import ContextWindow
+from tokenswift_cli.bench.models import BenchRequest, open_model
 from tokenswift_cli.engine.auto import tuner as autotune
 from tokenswift_cli.engine.state import prefill
 
@@ -38,11 +37,10 @@ def main() -> None:
     request = BenchRequest(dtype="float32", weights="int4", lengths=(), contexts=(args.context,),
                            context_tokens=args.tokens, methods=("plain", "tokenswift"), sampling=args.sampling,
                            context_window=args.window)  # fmt: skip
-    target, heads, tokenizer, context = open_model(request)
-    settings = request.settings(window=ContextWindow(**context["window"]) if context["window"] else None)
-    bench, case = Bench(target, heads, settings), settings.cases[0]
-    prefilled = prefill(target, prefix_tokens(request, tokenizer, case.context)[: case.context],
-                        bench._config("tokenswift", case))  # fmt: skip
+    opened = open_model(request)
+    settings = request.settings(opened.run)
+    bench, case = Bench(opened.target, opened.heads, settings), settings.cases[0]
+    prefilled = prefill(opened.target, opened.prefix[: case.context], bench.config("tokenswift", case))
 
     steps: list[tuple[str, int, float]] = []  # (plan, tokens, seconds) of every step
     record = autotune.Tuner.record

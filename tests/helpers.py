@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from conftest import VOCAB, tiny_model
 
-from tokenswift_cli.bench.harness import first_divergence as first_divergence  # the library's, for the tests
+from tokenswift_cli.bench.compare import first_divergence as first_divergence  # the library's, for the tests
 from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.target import Target
 

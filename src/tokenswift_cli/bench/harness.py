@@ -1,9 +1,10 @@
 """The side-by-side benchmark: plain decoding, TokenSwift, `generate()`, prompt lookup and llama.cpp.
 
-Every method of a case continues the same prefix with the same settings in the same process, and the
+Every method of a case continues the same prefix to the same length, in the same process, and the
 methods take turns (their order rotates per repeat) so that drift of a shared machine hits them all.
 The prefix is processed once per case; each method starts from a copy of that state, and only the
-decoding is timed. Speedups are ratios of decoding times within one case.
+decoding is timed. Speedups are ratios of tokens per second within one case; a method that wrote
+fewer tokens than asked is flagged and left out of them.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache
 
+from tokenswift_cli.bench.compare import SAMPLED, Equality, generate_gaps
 from tokenswift_cli.bench.llamacpp import LlamaCpp
-from tokenswift_cli.config import ContextWindow, DraftConfig, KVCache, RunConfig, SamplingConfig
+from tokenswift_cli.bench.stock import FirstTokenClock, generation_config, stock_generate
+from tokenswift_cli.config import ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate
 from tokenswift_cli.engine.metrics import Stats
 from tokenswift_cli.engine.state import GenerationState, prefill
@@ -28,12 +31,11 @@ from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.memory import PeakRss
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.quality.text import distinct_n
+from tokenswift_cli.runs.run_model import fit_kv_cache, fit_window
 
 METHODS = ("plain", "tokenswift", "generate", "prompt_lookup", "llama_cpp")
 ENGINE_METHODS = ("plain", "tokenswift")
 HF_METHODS = ("generate", "prompt_lookup")
-PAPER_SAMPLING = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
-GREEDY = SamplingConfig()
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,15 @@ class Case:
 
 @dataclass(frozen=True)
 class BenchSettings:
+    """The cases and methods, and the engine's settings as `write` takes them before a run resolves its
+    window and KV cache (`run`, whose length and mode each case sets) for the model `model` names."""
+
     cases: tuple[Case, ...]
+    run: RunConfig
     methods: tuple[str, ...] = METHODS
-    sampling: SamplingConfig = PAPER_SAMPLING
-    draft: DraftConfig = field(default_factory=DraftConfig)
+    model: ModelSpec = field(default_factory=ModelSpec)
     repeats: int = 1
     prompt_lookup_tokens: int = 10
-    window: ContextWindow | None = None  # the engine's; the other methods attend to everything
-    kv_cache: KVCache = "auto"  # the engine's storage (`RunConfig.kv_cache`)
 
     def __post_init__(self) -> None:
         unknown = set(self.methods) - set(METHODS)
@@ -63,15 +66,20 @@ class BenchSettings:
         if "plain" not in self.methods:
             raise ValueError("the benchmark needs plain decoding: every speedup is relative to it")
 
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.run.sampling
+
 
 @dataclass(frozen=True)
 class Result:
-    """One method on one case (median time over the repeats)."""
+    """One method on one case: tokens written, median decoding time and rate over the repeats."""
 
     case: Case
     method: str
     tokens: int
     seconds: float
+    tokens_per_second: float
     peak_rss_mb: float
     distinct: tuple[float, float, float, float]
     alpha: float | None = None
@@ -79,21 +87,33 @@ class Result:
     mean_accepted: float | None = None
     equal_to_plain: bool | None = None
     first_divergence: int | None = None
-    speedup_plain: float | None = None
+    not_compared_to_plain: tuple[str, ...] = ()  # why not (compare.generate_gaps), when not
+    equal_to_generate: bool | None = None
+    generate_divergence: int | None = None
+    not_compared_to_generate: tuple[str, ...] = ()
+    speedup_plain: float | None = None  # tokens/s over plain's; None when either wrote fewer tokens than asked
     speedup_generate: float | None = None
     phases: dict[str, float] | None = None
 
     @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+    def complete(self) -> bool:
+        return self.tokens >= self.case.new_tokens
+
+    @property
+    def to_plain(self) -> Equality:
+        return Equality(self.equal_to_plain, self.first_divergence, self.not_compared_to_plain)
+
+    @property
+    def to_generate(self) -> Equality:
+        return Equality(self.equal_to_generate, self.generate_divergence, self.not_compared_to_generate)
 
     @property
     def ms_per_token(self) -> float:
-        return 1000 * self.seconds / self.tokens if self.tokens else 0.0
+        return 1000 / self.tokens_per_second if self.tokens_per_second else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data.update(tokens_per_second=self.tokens_per_second, ms_per_token=self.ms_per_token)
+        data.update(ms_per_token=self.ms_per_token, complete=self.complete)
         return data
 
 
@@ -106,17 +126,9 @@ class _Run:
     timed_tokens: int | None = None  # tokens decoded in `seconds` when not all of them
 
     @property
-    def seconds_per_token(self) -> float:
+    def tokens_per_second(self) -> float:
         count = len(self.tokens) if self.timed_tokens is None else self.timed_tokens
-        return self.seconds / max(count, 1)
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first differing token, None when equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+        return count / self.seconds if self.seconds > 0 else 0.0
 
 
 class Bench:
@@ -144,10 +156,11 @@ class Bench:
         return results
 
     def run_case(self, case: Case, prompt: list[int]) -> list[Result]:
-        """Every method on one case, interleaved over the repeats, then compared with plain."""
+        """Every method on one case, interleaved over the repeats, then compared."""
         methods = self.settings.methods
         runs: dict[str, list[_Run]] = {m: [] for m in methods}
-        engine_state = prefill(self.target, prompt, self._config("tokenswift", case))
+        config = self.config("tokenswift", case)
+        engine_state = prefill(self.target, prompt, config)
         hf_cache = self._hf_prefill(prompt) if set(methods) & set(HF_METHODS) else None
         for repeat in range(self.settings.repeats):
             shift = repeat % len(methods)
@@ -159,16 +172,16 @@ class Bench:
                 else:
                     assert hf_cache is not None
                     runs[method].append(self._hf(method, case, prompt, hf_cache))
-        return _compare(case, runs)
+        return _compare(case, runs, generate_gaps(config, self.target, case.context))
 
-    def _config(self, method: str, case: Case) -> RunConfig:
+    def config(self, method: str, case: Case) -> RunConfig:
+        """The engine's settings for `case`, resolved as `write` resolves them for a run of that prefix and length."""
         mode = "plain" if method == "plain" else "tokenswift"
-        return RunConfig(max_new_tokens=case.new_tokens, mode=mode, sampling=self.settings.sampling,
-                         draft=self.settings.draft, window=self.settings.window,
-                         kv_cache=self.settings.kv_cache)  # fmt: skip
+        run = self.settings.run.replace(max_new_tokens=case.new_tokens, mode=mode)
+        return fit_kv_cache(fit_window(run, self.settings.model, self.target, case.context), self.target)
 
     def _engine(self, method: str, case: Case, prefilled: GenerationState) -> _Run:
-        cfg = self._config(method, case)
+        cfg = self.config(method, case)
         state = copy.deepcopy(prefilled)
         state.stats = Stats()
         if method == "plain":
@@ -185,7 +198,7 @@ class Bench:
         """The stock model's cache of all prompt tokens but the last (generate() processes that one)."""
         model = self.target.model
         cache = DynamicCache()
-        with _stock_attention(model), torch.no_grad():
+        with stock_generate(model), torch.no_grad():
             for start in range(0, len(prompt) - 1, 1024):
                 chunk = torch.tensor([prompt[start : min(start + 1024, len(prompt) - 1)]], device=self.target.device)
                 model(input_ids=chunk, past_key_values=cache, use_cache=True)
@@ -195,16 +208,16 @@ class Bench:
         """`generate()` from the prefilled cache; prompt lookup from scratch (with a prefilled cache it
         writes another text in transformers 5.23), timed from its first new token by a streamer."""
         model, sampling = self.target.model, self.settings.sampling
-        config = _generation_config(model, sampling, case.new_tokens)
+        config = generation_config(sampling, case.new_tokens)
         lookup = method == "prompt_lookup"
         if lookup:
             config.prompt_lookup_num_tokens = self.settings.prompt_lookup_tokens
         extra: dict[str, Any] = (
-            {"streamer": _FirstTokenClock()} if lookup else {"past_key_values": copy.deepcopy(prefilled)}
+            {"streamer": FirstTokenClock()} if lookup else {"past_key_values": copy.deepcopy(prefilled)}
         )
         ids = torch.tensor([prompt], device=self.target.device)
         torch.manual_seed(sampling.seed)
-        with _stock_attention(model), PeakRss() as peak, torch.no_grad():
+        with stock_generate(model), PeakRss() as peak, torch.no_grad():
             start = time.perf_counter()
             out = model.generate(ids, generation_config=config, **extra)
             end = time.perf_counter()
@@ -221,66 +234,49 @@ class Bench:
         return _Run(timed.tokens, timed.seconds, peak.mb, timed_tokens=timed.timed_tokens)
 
 
-class _FirstTokenClock:
-    """A `generate()` streamer that notes when the first new tokens arrive (after the prompt)."""
-
-    def __init__(self) -> None:
-        self.calls, self.first_count = 0, 0
-        self.first: float | None = None
-
-    def put(self, value: torch.Tensor) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            self.first, self.first_count = time.perf_counter(), int(value.numel())
-
-    def end(self) -> None:
-        pass
-
-
-class _stock_attention:
-    """Runs the stock model with its default `sdpa` attention (what `generate()` users get)."""
-
-    def __init__(self, model: Any) -> None:
-        self.model, self.before = model, model.config._attn_implementation
-
-    def __enter__(self) -> None:
-        self.model.set_attn_implementation("sdpa")
-
-    def __exit__(self, *exc: object) -> None:
-        self.model.set_attn_implementation(self.before)
+def _equalities(
+    method: str, tokens: list[int], texts: dict[str, list[int]], gaps: tuple[str, ...]
+) -> tuple[Equality, Equality]:
+    """The text of `method` against plain's and against generate()'s (not against itself, nor llama.cpp's:
+    another implementation of the model, compared for speed only)."""
+    if method == "llama_cpp":
+        return Equality(), Equality()
+    engine = method in ENGINE_METHODS
+    # Two texts of one side (engine / transformers) share its rules; across sides they must share all.
+    to_plain = Equality() if method == "plain" else Equality.of(tokens, texts["plain"], () if engine else gaps)
+    if method == "generate" or "generate" not in texts:
+        return to_plain, Equality()
+    if engine:
+        return to_plain, Equality.of(tokens, texts["generate"], gaps)
+    return to_plain, Equality.of(tokens, texts["generate"], tuple(g for g in gaps if g == SAMPLED))
 
 
-def _generation_config(model: Any, sampling: SamplingConfig, new_tokens: int) -> GenerationConfig:
-    """`generate()` settings closest to ours: no EOS stop, same temperature / min-p / penalty."""
-    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=0)
-    config.do_sample = not sampling.greedy
-    if sampling.penalty is not None:
-        config.repetition_penalty = sampling.penalty  # note: over the whole text, not a window
-    if not sampling.greedy:
-        config.temperature, config.top_k, config.top_p = sampling.temperature, sampling.top_k or 0, sampling.top_p
-        config.min_p = sampling.min_p
-    return config
+def _compare(case: Case, runs: dict[str, list[_Run]], gaps: tuple[str, ...]) -> list[Result]:
+    """Median times and rates per method, speedups (tokens/s ratios) within the case, equality of the texts."""
+    rate = {m: statistics.median(r.tokens_per_second for r in rs) for m, rs in runs.items()}
+    texts = {m: rs[0].tokens for m, rs in runs.items()}
+    complete = {m: len(texts[m]) >= case.new_tokens for m in runs}
 
+    def speedup(method: str, over: str) -> float | None:
+        if over not in rate or not (complete[method] and complete[over]) or not rate[over]:
+            return None  # never a ratio of runs of different lengths
+        return rate[method] / rate[over]
 
-def _compare(case: Case, runs: dict[str, list[_Run]]) -> list[Result]:
-    """Median times per method, speedups within the case, equality of each text with plain's."""
-    per_token = {m: statistics.median(r.seconds_per_token for r in rs) for m, rs in runs.items()}
-    seconds = {m: per_token[m] * len(rs[0].tokens) for m, rs in runs.items()}  # the whole length, at that rate
-    plain = runs["plain"][0].tokens
     results = []
     for method, method_runs in runs.items():
         run = method_runs[0]
         stats = run.stats if method == "tokenswift" else None
-        divergence = None if method == "llama_cpp" else first_divergence(run.tokens, plain)  # its own model
+        to_plain, to_generate = _equalities(method, run.tokens, texts, gaps)
         results.append(Result(
-            case=case, method=method, tokens=len(run.tokens), seconds=seconds[method],
-            peak_rss_mb=max(r.peak_rss_mb for r in method_runs),
+            case=case, method=method, tokens=len(run.tokens), seconds=statistics.median(r.seconds for r in method_runs),
+            tokens_per_second=rate[method], peak_rss_mb=max(r.peak_rss_mb for r in method_runs),
             distinct=tuple(distinct_n(run.tokens, n) for n in (1, 2, 3, 4)),  # type: ignore[arg-type]
             alpha=stats.alpha if stats else None, beta=stats.beta if stats else None,
             mean_accepted=stats.mean_accepted if stats else None,
-            equal_to_plain=None if method == "llama_cpp" else divergence is None, first_divergence=divergence,
-            speedup_plain=seconds["plain"] / seconds[method] if seconds[method] else None,
-            speedup_generate=seconds["generate"] / seconds[method] if "generate" in seconds else None,
+            equal_to_plain=to_plain.equal, first_divergence=to_plain.divergence, not_compared_to_plain=to_plain.gaps,
+            equal_to_generate=to_generate.equal, generate_divergence=to_generate.divergence,
+            not_compared_to_generate=to_generate.gaps,
+            speedup_plain=speedup(method, "plain"), speedup_generate=speedup(method, "generate"),
             phases=dict(run.stats.seconds) if run.stats else None,
         ))  # fmt: skip
     return results

@@ -1,38 +1,63 @@
-"""What `tokenswift bench` runs on: the model, heads, prefix text and cases of a request."""
+"""What `tokenswift bench` runs on: the model, heads, prefix text, cases and settings of a request.
+
+The defaults are `tokenswift write`'s, resolved by the same functions: the model's dtype and weights
+(`--dtype auto`, `--weights auto`), its measured sampling (`sampling.defaults`), `--context-window
+auto` and `--kv-cache auto` (per case, by `run_model.fit_window` / `fit_kv_cache`), the rope scaling,
+the suppressed end-of-text tokens and the scripts filter. `--sampling greedy` is the comparison with
+`generate()` instead: only the rules it implements, the window and KV cache as it computes them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from tokenswift_cli.bench.harness import GREEDY, PAPER_SAMPLING, Bench, BenchSettings, Case, Result
-from tokenswift_cli.bench.llamacpp import LlamaCpp, gguf_file
+from tokenswift_cli.bench.harness import BenchSettings, Case
 from tokenswift_cli.bench.llamacpp import available as llama_available
-from tokenswift_cli.config import DEFAULT_SINKS, AutoWindow, ContextWindow, DraftConfig, KVCache, ModelSpec, RunConfig
+from tokenswift_cli.config import (
+    DEFAULT_SINKS,
+    DraftConfig,
+    DType,
+    KVCache,
+    ModelSpec,
+    RunConfig,
+    SamplingConfig,
+    Weights,
+)
 from tokenswift_cli.data import DEFAULT_TEXT
-from tokenswift_cli.engine.state import kv_storage
-from tokenswift_cli.model.heads import DraftHeads, load_heads, shipped_heads
-from tokenswift_cli.model.rope import apply_rope, plan_rope
+from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.parsing import parse_tree, parse_window
-from tokenswift_cli.runs.run_model import fit_window
+from tokenswift_cli.runs.run_model import (
+    RunModel,
+    bind_scripts,
+    fit_rope,
+    fit_window,
+    load_run_model,
+    suppress_eos,
+    unscaled,
+)  # fmt: skip
+from tokenswift_cli.sampling.defaults import PAPER, default_sampling
 
 DEFAULT_PREFIX = DEFAULT_TEXT
 QUICK_VOCAB = 128
+QUICK_MODEL = "tiny random model"  # not the embedded model: its defaults are those of any other model
+SAMPLINGS = ("default", "paper", "greedy")
 
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """The options of `tokenswift bench`, parsed."""
+    """The options of `tokenswift bench`, parsed. `context_window` / `kv_cache` None: write's "auto",
+    or under greedy what `generate()` computes ("none", "model")."""
 
     model: str = "default"
-    dtype: str = "bfloat16"
-    weights: str = "dense"
+    dtype: str = "auto"
+    weights: str = "auto"
     heads: str = "default"
     lengths: tuple[int, ...] = (512, 2048)
     length_context: int = 256
@@ -40,7 +65,7 @@ class BenchRequest:
     context_tokens: int = 256
     prefix_file: Path | None = None
     methods: tuple[str, ...] | None = None  # None: the four below, and llama_cpp when it is installed
-    sampling: str = "paper"
+    sampling: str = "default"
     seed: int = 0
     draft: str = "auto"
     tree: str | None = None
@@ -48,9 +73,9 @@ class BenchRequest:
     repeats: int = 1
     threads: int | None = None
     quick: bool = False
-    context_window: str = "none"
+    context_window: str | None = None
     sinks: int = DEFAULT_SINKS
-    kv_cache: str = "auto"
+    kv_cache: str | None = None
 
     def cases(self) -> tuple[Case, ...]:
         by_length = [Case(self.length_context, n, "length") for n in self.lengths]
@@ -64,11 +89,25 @@ class BenchRequest:
         gguf = self.model == "default" or self.model.lower().endswith(".gguf")
         return stock + ("llama_cpp",) if llama_available() and gguf and not self.quick else stock
 
-    def settings(self, window: ContextWindow | None = None) -> BenchSettings:
-        if self.sampling not in ("paper", "greedy"):
-            raise ValueError(f"unknown sampling {self.sampling!r}: use paper or greedy")
-        sampling = dataclasses.replace(PAPER_SAMPLING if self.sampling == "paper" else GREEDY, seed=self.seed)
-        draft = DraftConfig()
+    @property
+    def model_name(self) -> str:
+        """The name the defaults are chosen by."""
+        return QUICK_MODEL if self.quick else self.model
+
+    def model_spec(self) -> ModelSpec:
+        """The model as `write` asks for it (rope scaling "auto": YaRN once a run outgrows the trained length)."""
+        return ModelSpec(name=self.model_name, dtype=cast(DType, self.dtype), weights=cast(Weights, self.weights))
+
+    def sampling_config(self) -> SamplingConfig:
+        presets = {"default": default_sampling(self.model_name), "paper": PAPER, "greedy": SamplingConfig()}
+        if self.sampling not in presets:
+            raise ValueError(f"unknown sampling {self.sampling!r}: use {', '.join(SAMPLINGS)}")
+        return dataclasses.replace(presets[self.sampling], seed=self.seed)
+
+    def run_config(self) -> RunConfig:
+        """The engine's settings as `write` builds them from its flags, before the model resolves them."""
+        if not self.cases():
+            raise ValueError("no cases: give --lengths or --contexts")
         changes: dict[str, Any] = {}
         if self.tree:
             changes["tree"] = parse_tree(self.tree)
@@ -76,11 +115,48 @@ class BenchRequest:
             changes["ngram_top_k"] = self.ngram_top_k or None
         if self.quick:
             changes.update(partial_budget=64, sink_tokens=4, recent_window=16)
-        draft = dataclasses.replace(draft, **changes).drafting(self.draft)  # a ConfigError is a ValueError
-        kv_cache = RunConfig(max_new_tokens=1, kv_cache=cast(KVCache, self.kv_cache)).kv_cache  # RunConfig's check
-        return BenchSettings(
-            self.cases(), self.chosen_methods(), sampling, draft, self.repeats, window=window, kv_cache=kv_cache
-        )
+        draft = dataclasses.replace(DraftConfig(), **changes).drafting(self.draft)  # a ConfigError is a ValueError
+        exact = self.sampling == "greedy"
+        window = self.context_window or ("none" if exact else "auto")
+        return RunConfig(
+            max_new_tokens=max(case.new_tokens for case in self.cases()), sampling=self.sampling_config(),
+            draft=draft, window=parse_window(window, self.sinks, self.model_name),
+            kv_cache=cast(KVCache, self.kv_cache or ("model" if exact else "auto")),
+        )  # fmt: skip
+
+    def settings(self, run: RunConfig) -> BenchSettings:
+        return BenchSettings(self.cases(), run, self.chosen_methods(), model=self.model_spec(), repeats=self.repeats)
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A request's model (rope fitted), prefix tokens, and engine settings (end-of-text tokens and scripts
+    bound; each case's window and KV cache are resolved by `Bench.config`)."""
+
+    model: RunModel
+    run: RunConfig
+    prefix: list[int]
+
+    @property
+    def target(self) -> Target:
+        return self.model.target
+
+    @property
+    def heads(self) -> DraftHeads | None:
+        return self.model.heads
+
+
+def open_model(request: BenchRequest, note: Callable[[str], None] = lambda _: None) -> BenchModel:
+    """Load the model of `request` and resolve its settings as `tokenswift write` does; --quick: a tiny model."""
+    run, spec, cases = request.run_config(), request.model_spec(), request.cases()
+    loaded = _quick(request, spec) if request.quick else load_run_model(unscaled(spec), request.heads, run, note)
+    prefix = prefix_tokens(request, loaded.tokenizer, max(case.context for case in cases))
+    # The rope, sized as write sizes it, for the case that reaches farthest.
+    fitted = [(fit_window(run.replace(max_new_tokens=c.new_tokens), spec, loaded.target, c.context), c) for c in cases]
+    positions = max(config.positions_needed(case.context) for config, case in fitted)
+    loaded = fit_rope(loaded, spec, positions, note)
+    text = None if loaded.tokenizer is None else loaded.tokenizer.decode(prefix)
+    return BenchModel(loaded, bind_scripts(suppress_eos(run, loaded.eos_ids), loaded, text), prefix)
 
 
 def quick_model(seed: int = 0) -> Any:
@@ -99,13 +175,29 @@ def quick_model(seed: int = 0) -> Any:
     return model.eval()
 
 
-def _heads(choice: str, model_name: str, model: Any, fingerprint: str | None) -> DraftHeads | None:
-    if choice == "none":
-        return None
-    if choice == "default":
-        shipped = shipped_heads(model_name)
-        return load_heads(shipped, model.config, fingerprint=fingerprint) if shipped else None
-    return load_heads(Path(choice), model.config, fingerprint=fingerprint)
+def _quick(request: BenchRequest, spec: ModelSpec) -> RunModel:
+    """The tiny model as a run's model: float32 (unless asked for bfloat16), no tokenizer, no end-of-text token."""
+    model = quick_model(request.seed)
+    if request.dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    if request.weights == "int4":
+        from tokenswift_cli.backends.cpu.int4 import quantize_decoder
+
+        quantize_decoder(model)
+    heads = None if request.heads == "none" else _random_heads(model)
+    dtype = cast(DType, str(model.dtype).removeprefix("torch."))
+    resolved = dataclasses.replace(spec, dtype=dtype, weights="int4" if request.weights == "int4" else "dense")
+    settings = {"spec": dataclasses.asdict(resolved), "fingerprint": None, "label": QUICK_MODEL, "source": ""}
+    no_file = {"choice": request.heads, "path": None, "fingerprint": None}
+    return RunModel(Target(model), heads, tokenizer=None, eos_ids=(), settings=settings, heads_settings=no_file)
+
+
+def _random_heads(model: Any) -> DraftHeads:
+    torch.manual_seed(0)
+    heads = DraftHeads.for_model(model.config, 3)
+    for block in heads.medusa_layers:
+        torch.nn.init.normal_(block.linear.weight, std=0.1)  # type: ignore[union-attr]
+    return heads.to(dtype=model.dtype).eval().requires_grad_(False)
 
 
 def prefix_tokens(request: BenchRequest, tokenizer: Any, needed: int) -> list[int]:
@@ -121,103 +213,3 @@ def prefix_tokens(request: BenchRequest, tokenizer: Any, needed: int) -> list[in
     if len(tokens) < needed:
         raise ValueError(f"{path} has {len(tokens)} tokens; the longest case needs {needed}")
     return tokens[:needed]
-
-
-def open_model(request: BenchRequest) -> tuple[Target, DraftHeads | None, Any, dict[str, Any]]:
-    """Target, heads, tokenizer and the model's context (rope, window) for a request; --quick: a tiny model.
-
-    The context is resolved as `tokenswift write` resolves it for the longest case (the window, then
-    YaRN past the trained length for what the window leaves), so every method runs the model users run.
-    """
-    longest = max(case.context + case.new_tokens for case in request.cases())
-    if request.quick:
-        model = quick_model(request.seed)
-        if request.dtype == "bfloat16":
-            model = model.to(torch.bfloat16)
-        if request.weights == "int4":
-            from tokenswift_cli.backends.cpu.int4 import quantize_decoder
-
-            quantize_decoder(model)
-        target, tokenizer = Target(model), None
-        heads = None if request.heads == "none" else _random_heads(model)
-    else:
-        from tokenswift_cli.model.loading import load_model
-
-        spec = ModelSpec(name=request.model, dtype=request.dtype, rope_scaling="none", weights=request.weights)  # type: ignore[arg-type]
-        loaded = load_model(spec)
-        heads = _heads(request.heads, request.model, loaded.model, loaded.fingerprint)
-        if heads is not None:
-            heads = heads.to(dtype=loaded.model.dtype)
-        target, tokenizer = Target(loaded.model), loaded.tokenizer
-    choice = RunConfig(
-        max_new_tokens=longest, window=parse_window(request.context_window, request.sinks, request.model)
-    )
-    window = fit_window(choice, ModelSpec(), target, prefix=0).window
-    assert not isinstance(window, AutoWindow)
-    plan = plan_rope(ModelSpec(), target.model.config, choice.replace(window=window).positions_needed(0))
-    apply_rope(target.model, plan)
-    resolved = plan.resolved(ModelSpec())
-    context = {"rope_scaling": resolved.rope_scaling, "rope_factor": resolved.rope_factor,
-               "window": dataclasses.asdict(window) if window else None}  # fmt: skip
-    return target, heads, tokenizer, context
-
-
-def _random_heads(model: Any) -> DraftHeads:
-    torch.manual_seed(0)
-    heads = DraftHeads.for_model(model.config, 3)
-    for block in heads.medusa_layers:
-        torch.nn.init.normal_(block.linear.weight, std=0.1)  # type: ignore[union-attr]
-    return heads.to(dtype=model.dtype).eval().requires_grad_(False)
-
-
-def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[Result], list[Path]]:
-    """Run every case, print a Rich table to stderr, write the result files; returns both."""
-    from rich.console import Console
-
-    from tokenswift_cli.bench.report import render_table, write_results
-
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
-    settings = request.settings()
-    if request.threads:
-        torch.set_num_threads(request.threads)
-    target, heads, tokenizer, context = open_model(request)
-    window = context["window"]
-    settings = request.settings(ContextWindow(**window) if window else None)
-    needed = max(c.context for c in settings.cases)
-    text = prefix_tokens(request, tokenizer, needed)
-    bench = Bench(target, heads, settings, _llama(request, settings))
-
-    stored = kv_storage(RunConfig(max_new_tokens=1, kv_cache=settings.kv_cache), target)  # "auto" resolved
-    document = {"request": _jsonable(dataclasses.asdict(request)), "heads": heads is not None, "rope": context,
-                "kv_cache": str(stored).removeprefix("torch."),
-                "command": " ".join(["tokenswift", *sys.argv[1:]])}  # fmt: skip
-    done: list[Result] = []
-
-    def progress(result: Result) -> None:
-        console.print(f"[dim]{result.case.axis} ctx={result.case.context} new={result.case.new_tokens} "
-                      f"{result.method}: {result.tokens_per_second:.2f} tok/s[/]")  # fmt: skip
-        done.append(result)
-        write_results(out_dir, name, done, document, plot=False)  # a long run keeps what it measured
-
-    results = bench.run(text, on_result=progress)
-    model = "tiny random model" if request.quick else request.model
-    title = f"tokenswift bench ({model}, {request.dtype}, {request.weights} weights, {request.sampling})"
-    console.print(render_table(results, title=title))
-    paths = write_results(out_dir, name, results, document)
-    console.print("wrote " + ", ".join(str(p) for p in paths))
-    return results, paths
-
-
-def _llama(request: BenchRequest, settings: BenchSettings) -> LlamaCpp | None:
-    """llama.cpp on the model's GGUF file, sized for the longest case, when the methods name it."""
-    if "llama_cpp" not in settings.methods:
-        return None
-    if request.quick:
-        raise ValueError("the llama_cpp method runs GGUF models, not the --quick tiny model")
-    longest = max(case.context + case.new_tokens for case in settings.cases)
-    threads = request.threads or torch.get_num_threads()
-    return LlamaCpp(gguf_file(request.model), context=longest + 8, threads=threads, sampling=settings.sampling)
-
-
-def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}

@@ -10,42 +10,59 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenswift_cli.bench.compare import Equality
 from tokenswift_cli.bench.harness import Result
 
 CSV_FIELDS = (
-    "axis", "context", "new_tokens", "method", "tokens", "seconds", "tokens_per_second", "ms_per_token",
+    "axis", "context", "new_tokens", "method", "tokens", "complete", "seconds", "tokens_per_second", "ms_per_token",
     "speedup_plain", "speedup_generate", "alpha", "mean_accepted", "beta",
     "distinct_1", "distinct_2", "distinct_3", "distinct_4", "peak_rss_mb", "equal_to_plain", "first_divergence",
+    "not_compared_to_plain", "equal_to_generate", "generate_divergence", "not_compared_to_generate",
 )  # fmt: skip
+COLUMNS = ("context", "new", "method", "tokens", "tok/s", "ms/tok", "x plain", "x generate", "alpha", "acc len",
+           "beta", "distinct-1..4", "peak MB", "= plain", "= generate()")  # fmt: skip
+LEFT = ("method", "distinct-1..4", "= plain", "= generate()")
+NOTE = ("x plain, x generate: tokens/s over theirs, on runs of the full length. = generate(): the engine's text "
+        "against transformers' generate() with the same settings; n/a where it differs by design (sampled: "
+        "another random stream; extra rules: what generate() does not implement). --sampling greedy compares "
+        "them with only generate()'s rules.")  # fmt: skip
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _same(result: Result) -> str:
-    if result.method == "plain":
+def _same(equality: Equality, itself: bool, *, reasons: bool = True) -> str:
+    """The equality cell: blank for the method itself, green yes, red no @i, dim n/a (reasons)."""
+    if itself:
         return ""
-    if result.equal_to_plain is None:  # llama.cpp: another implementation of the model, compared for speed
-        return "-"
-    if result.equal_to_plain:
-        return "[green]yes[/]"
-    return f"[red]no @{result.first_divergence}[/]"
+    label = "n/a" if equality.gaps and not reasons else equality.label()
+    style = "green" if equality.equal else "red" if equality.equal is False else "dim"
+    return label if label == "-" else f"[{style}]{label}[/]"
+
+
+def _tokens(result: Result) -> str:
+    if result.complete:
+        return str(result.tokens)
+    return f"[red]{result.tokens} of {result.case.new_tokens}[/]"
 
 
 def render_table(results: Sequence[Result], title: str = "tokenswift bench") -> Any:
-    """A Rich table, one row per case and method."""
+    """A Rich table, one row per case and method; short runs flagged in the caption."""
     from rich.table import Table
 
-    table = Table(title=title)
-    for name in ("context", "new", "method", "tok/s", "ms/tok", "x plain", "x generate", "alpha", "acc len",
-                 "beta", "distinct-1..4", "peak MB", "= plain"):  # fmt: skip
-        table.add_column(name, justify="left" if name in ("method", "= plain", "distinct-1..4") else "right")
+    short = [f"{r.method} wrote {r.tokens} of {r.case.new_tokens} tokens" for r in results if not r.complete]
+    caption = NOTE + ("" if not short else " [red]Short, left out of the speedups: " + "; ".join(short) + ".[/]")
+    table = Table(title=title, caption=caption, caption_justify="left")
+    for name in COLUMNS:
+        table.add_column(name, justify="left" if name in LEFT else "right")
     for r in results:
         table.add_row(
-            str(r.case.context), str(r.case.new_tokens), r.method, _fmt(r.tokens_per_second), _fmt(r.ms_per_token, 1),
-            _fmt(r.speedup_plain), _fmt(r.speedup_generate), _fmt(r.alpha), _fmt(r.mean_accepted), _fmt(r.beta),
-            "/".join(f"{d:.2f}" for d in r.distinct), _fmt(r.peak_rss_mb, 0), _same(r),
+            str(r.case.context), str(r.case.new_tokens), r.method, _tokens(r), _fmt(r.tokens_per_second),
+            _fmt(r.ms_per_token, 1), _fmt(r.speedup_plain), _fmt(r.speedup_generate), _fmt(r.alpha),
+            _fmt(r.mean_accepted), _fmt(r.beta), "/".join(f"{d:.2f}" for d in r.distinct), _fmt(r.peak_rss_mb, 0),
+            # generate()'s reasons against plain are plain's against generate(), a row above
+            _same(r.to_plain, r.method == "plain", reasons=False), _same(r.to_generate, r.method == "generate"),
         )  # fmt: skip
     return table
 
@@ -56,6 +73,8 @@ def csv_row(result: Result) -> dict[str, Any]:
     row = {**case, **data}
     for n, value in enumerate(result.distinct, start=1):
         row[f"distinct_{n}"] = value
+    for key in ("not_compared_to_plain", "not_compared_to_generate"):
+        row[key] = ";".join(row[key])
     return {k: row.get(k) for k in CSV_FIELDS}
 
 

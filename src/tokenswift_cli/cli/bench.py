@@ -33,16 +33,34 @@ def parse_counts(text: str) -> list[int]:
 
 _HELP_LENGTHS = "Generated lengths for the length axis (prefix: --length-context tokens), e.g. 2k,8k,16k."
 _HELP_CONTEXTS = "Prefix lengths for the context axis (then --context-tokens new tokens), e.g. 2k,8k,32k."
+_HELP_SAMPLING = (
+    "default (as write: the model's measured defaults), paper (T=1, min-p 0.1, penalty 1.2 / 1024) or greedy "
+    "(argmax with only the rules generate() implements: its text can equal the engine's, column '= generate()')."
+)
+_HELP_WINDOW = (
+    "The engine's context window: auto, none or a size such as 4k. Default: auto (as write), none under "
+    "--sampling greedy (generate() attends to everything)."
+)
+_HELP_KV = (
+    "The engine's KV cache storage: auto, model or float16. Default: auto (as write), model under "
+    "--sampling greedy (as generate() stores it)."
+)
 
 
 def bench_command(
     model: Annotated[
         str, typer.Option("--model", "-m", help="'default', a model folder, a .gguf file or a hub id.")
     ] = "default",
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (every method uses the same).")] = "bfloat16",
+    dtype: Annotated[
+        str, typer.Option(help="auto (as write: the model's), float32 or bfloat16; every method uses the same.")
+    ] = "auto",
     weights: Annotated[
-        str, typer.Option(help="dense or int4 (4-bit linear layers; every method uses the same).")
-    ] = "dense",
+        str,
+        typer.Option(
+            help="auto (as write: 4-bit on a CPU when the model already is, e.g. the embedded one), dense or int4 "
+            "(4-bit linear layers); every method uses the same."
+        ),
+    ] = "auto",
     heads: Annotated[str, typer.Option(help="Draft heads: 'default' (shipped), 'none', or a file.")] = "default",
     lengths: Annotated[str, typer.Option(help=_HELP_LENGTHS)] = "512,2k",
     length_context: Annotated[str, typer.Option(help="Prefix tokens of the length axis.")] = "256",
@@ -56,7 +74,7 @@ def bench_command(
             "and llama_cpp too when llama-cpp-python is installed and the model is a GGUF file."
         ),
     ] = "auto",
-    sampling: Annotated[str, typer.Option(help="'paper' (T=1, min-p 0.1, penalty 1.2 / 1024) or 'greedy'.")] = "paper",
+    sampling: Annotated[str, typer.Option(help=_HELP_SAMPLING)] = "default",
     seed: Annotated[int, typer.Option(help="Seed of the position-keyed random stream.")] = 0,
     draft: Annotated[
         str, typer.Option(help="TokenSwift drafting: auto, pass (paper), verify (Medusa-style), ngram or lookup.")
@@ -68,16 +86,13 @@ def bench_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the JSON/CSV/PNG results.")] = Path("."),
     name: Annotated[str, typer.Option(help="Base name of the result files.")] = "bench",
     quick: Annotated[bool, typer.Option("--quick", help="A tiny random model and short cases (seconds).")] = False,
-    context_window: Annotated[
-        str, typer.Option(help="The engine's context window: none, auto (as write) or a size such as 4k.")
-    ] = "none",
+    context_window: Annotated[str | None, typer.Option(help=_HELP_WINDOW, show_default=False)] = None,
     sinks: Annotated[int, typer.Option(min=1, help="Sink tokens of --context-window.")] = 4,
-    kv_cache: Annotated[
-        str, typer.Option(help="The engine's KV cache storage: auto (as write), model or float16.")
-    ] = "auto",
+    kv_cache: Annotated[str | None, typer.Option(help=_HELP_KV, show_default=False)] = None,
 ) -> None:
     """Measure plain decoding, TokenSwift, generate(), prompt lookup and llama.cpp on the same prefixes, interleaved."""
-    from tokenswift_cli.bench.models import BenchRequest, run_bench
+    from tokenswift_cli.bench.models import BenchRequest
+    from tokenswift_cli.bench.run import run_bench
 
     request = BenchRequest(
         model=model, dtype=dtype, weights=weights, heads=heads, lengths=tuple(parse_counts(lengths)),
