@@ -245,7 +245,9 @@ def resume(
             renderer.note(warning)
         decode = tokenizer_decoder(loaded.tokenizer)
         if manifest is None:  # stopped before its first checkpoint: start over from the prefix
-            prompt = loaded.tokenizer((run_dir / runs.PREFIX).read_text(encoding="utf-8"))["input_ids"]
+            # Bytes, not read_text: newline translation would turn a "\r\n" prefix into other tokens.
+            prefix = (run_dir / runs.PREFIX).read_bytes().decode("utf-8")
+            prompt = loaded.tokenizer(prefix)["input_ids"]
             state, stream, keep = prefill(loaded.target, prompt, cfg), TextStream(decode, prompt), 0
         else:
             target = loaded.target
@@ -268,6 +270,8 @@ def resume(
                 run_dir, loaded, state, stream, cfg=cfg, keep_bytes=keep, output=output, renderer=renderer,
                 runs_dir=runs_dir,
             )  # fmt: skip
+            if manifest is None:
+                session.checkpoint()  # as `write` does: the prefix is prefilled once
             session.emit(_backlog(state, cfg, loaded.eos_ids))
             return session.drive(stop)
 
