@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 
@@ -40,19 +41,25 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
         typer.echo(f"no runs in {root}")
         return
     table = Table(box=None, header_style="bold")
-    for column in ("run", "state", "model", "progress", "tok/s", "alpha", "created"):
+    for column in ("run", "state", "resumable", "model", "progress", "tok/s", "alpha", "created"):
         table.add_column(column, justify="right" if column in ("progress", "tok/s", "alpha") else "left")
     for info in infos:
+        # Any stopped run whose files allow it resumes, a failed one too; done and running ones say nothing.
+        resumable = ("yes" if info.resumable else "no") if info.state in ("interrupted", "failed", "incomplete") else ""
+        progress = f"{info.generated:,}/{info.target:,}" if info.state != "incomplete" else "-"
         table.add_row(
-            info.id, info.state, info.model, f"{info.generated:,}/{info.target:,}",
+            info.id, info.state, resumable, info.model, progress,
             f"{info.tokens_per_second:.1f}", f"{info.alpha:.2f}", info.created.replace("T", " ")[:16],
         )  # fmt: skip
     Console(soft_wrap=True).print(table)
+    for info in infos:
+        if info.state == "incomplete":
+            typer.echo(f"{info.id}: {info.error}")
 
 
 @runs_app.command("show", epilog="Example: tokenswift runs show run-003 --json")
 def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
-    """Show one run's settings and statistics."""
+    """Show one run's settings, statistics and what is on disk (last checkpoint, tokens, bytes)."""
     from tokenswift_cli.cli.app import errors
     from tokenswift_cli.runs import store as runs
 
@@ -61,10 +68,20 @@ def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False
     if as_json:
         typer.echo(json.dumps(report, indent=1))
         return
-    stats, cfg = report["statistics"], report["settings"]["run_config"]
-    lines = {
+    resume = f"yes: tokenswift resume {report['id']}" if report["resumable"] else f"no, {report['resume_blocker']}"
+    head = {
         "run": f"{report['id']} ({report['state']})" + (f": {report['error']}" if report["error"] else ""),
         "folder": report["path"],
+        "on disk": _on_disk(report),
+        "resume": resume,
+    }
+    if report["settings"] is None:  # incomplete: no settings to show
+        for key, value in head.items():
+            typer.echo(f"{key:>9}  {value}")
+        return
+    stats, cfg = report["statistics"], report["settings"]["run_config"]
+    lines = {
+        **head,
         "model": f"{report['settings']['model']['label']} ({report['settings']['model']['spec']['name']})",
         "heads": report["settings"]["heads"]["path"] or "none",
         "mode": cfg["mode"],
@@ -75,6 +92,25 @@ def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False
     }
     for key, value in lines.items():
         typer.echo(f"{key:>9}  {value}")
+
+
+def _on_disk(report: dict[str, Any]) -> str:
+    """The last checkpoint (tokens, bytes) and the text, or why a resume starts from the prefix."""
+    disk, saved = report["disk"], report["checkpoint"]
+    text = f"text.txt {disk['text_bytes']:,} bytes" if disk["text_bytes"] is not None else "no text.txt"
+    if saved is not None:
+        after = (disk["text_bytes"] or 0) - saved["text_bytes"]
+        return (
+            f"checkpoint {saved['seq']} ({saved['written_at'].replace('T', ' ')[:19]}): {saved['tokens']:,} tokens, "
+            f"{saved['text_bytes']:,} bytes of text, {saved['files']} files of {saved['bytes']:,} bytes; {text}"
+            + (f" ({after:,} bytes after the checkpoint, written again on resume)" if after > 0 else "")
+        )
+    if disk["checkpoint_error"]:
+        return f"{disk['checkpoint_error']}; {text}"
+    if report["settings"] is None:
+        return ", ".join(disk["files"]) or "nothing"
+    tokens = report["settings"]["prefix"]["tokens"]
+    return f"no checkpoint yet: a resume starts again from the {tokens:,}-token prefix; {text}"
 
 
 @runs_app.command("rm", epilog="Example: tokenswift runs rm run-003")

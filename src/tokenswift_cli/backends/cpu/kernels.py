@@ -8,12 +8,15 @@ compiler `available()` is False, a warning is logged once, and the callers keep 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -62,7 +65,23 @@ def load() -> ModuleType:
     name = f"tokenswift_kernels_{digest.hexdigest()[:12]}"
     build = cache_dir() / "kernels" / name
     build.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name=name, sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
-        build_directory=str(build), verbose=False,
-    )  # fmt: skip
+    with _exclusive(build / ".tokenswift-lock"):
+        # torch's own lock (the file `lock`, held while it builds or checks the build) outlives a
+        # process killed meanwhile, and every later load would wait for it forever. Under this
+        # flock, which the kernel drops with its process, no other load holds it: it is stale.
+        (build / "lock").unlink(missing_ok=True)
+        return cpp_extension.load(
+            name=name, sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
+            build_directory=str(build), verbose=False,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive `flock` on `path`, waiting for another process's load to finish."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
