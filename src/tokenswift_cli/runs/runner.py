@@ -8,6 +8,7 @@ finish the step, checkpoint and return 128 + the signal number.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -184,7 +185,6 @@ def write(
                 run_dir, loaded, state, stream, cfg=config, keep_bytes=None, output=output, renderer=renderer,
                 runs_dir=runs_dir,
             )  # fmt: skip
-            session.checkpoint()  # the prefix's keys/values: a resume never prefills again
             return session.drive(stop)
 
 
@@ -204,6 +204,24 @@ def _check_resumable(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunCon
     if size < info.get("text_bytes", 0):
         raise CheckpointError(f"{text} is shorter than its checkpoint ({size} < {info['text_bytes']} bytes)")
     return target
+
+
+def _complete(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunConfig, tokens: int | None) -> bool:
+    """Whether the checkpoint holds the whole run (its target or, with --stop-at-eos, the end token), text too."""
+    info = (manifest or {}).get("state", {})
+    ended = info.get("emitted", 0) >= max(tokens or 0, cfg.max_new_tokens) or info.get("eos_seen") and cfg.stop_at_eos
+    text = run_dir / runs.TEXT
+    return bool(ended) and text.exists() and text.stat().st_size >= info["text_bytes"]
+
+
+def _record_done(run_dir: Path, manifest: dict[str, Any] | None, *, quiet: bool) -> int:
+    """A run stopped between its last checkpoint and recording that it was done: record it now."""
+    assert manifest is not None
+    os.truncate(run_dir / runs.TEXT, manifest["state"]["text_bytes"])
+    runs.set_status(run_dir, "done")
+    if not quiet:
+        print(f"{run_dir.name} is complete: it stopped after its last checkpoint; now recorded as done", file=sys.stderr)
+    return 0
 
 
 def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: RunModel) -> None:
@@ -232,6 +250,8 @@ def resume(
         settings = runs.read_settings(run_dir)
         cfg = RunConfig.from_dict(settings["run_config"])
         manifest = read_manifest(run_dir)
+        if _complete(run_dir, manifest, cfg, tokens) and runs.recorded_state(run_dir) != "done":
+            return _record_done(run_dir, manifest, quiet=output.quiet)
         cfg = cfg.replace(max_new_tokens=_check_resumable(run_dir, manifest, cfg, tokens))
         renderer = make_renderer(quiet=output.quiet)
         spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
@@ -270,8 +290,6 @@ def resume(
                 run_dir, loaded, state, stream, cfg=cfg, keep_bytes=keep, output=output, renderer=renderer,
                 runs_dir=runs_dir,
             )  # fmt: skip
-            if manifest is None:
-                session.checkpoint()  # as `write` does: the prefix is prefilled once
             session.emit(_backlog(state, cfg, loaded.eos_ids))
             return session.drive(stop)
 

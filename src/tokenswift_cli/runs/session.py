@@ -167,6 +167,8 @@ class Session:
         """Generate to the target or a stop request; checkpoint; return the exit code."""
         last = self.state.stats.generated
         try:
+            if self.checkpointer.manifest is None:
+                self.checkpoint()  # the prefix's keys/values first: a resume never prefills again
             if stop.signum is None and not self.state.finished(self.cfg):
                 events = generate(self.target, self.heads, self.state, self.cfg, eos_ids=self.eos_ids)
                 for event in events:

@@ -20,7 +20,7 @@ from tokenswift_cli.runs.checkpoint import CheckpointError, read_manifest
 from tokenswift_cli.runs.durable import LOCK, is_locked, write_json_atomic
 from tokenswift_cli.paths import home_dir
 
-# "incomplete": a folder without readable settings, stopped while being created; nothing to resume.
+# "incomplete": a folder without readable settings (stopped while being created): nothing to resume.
 RunState = Literal["running", "interrupted", "done", "failed", "incomplete"]
 SETTINGS = "settings.json"
 STATUS = "status.json"
@@ -118,13 +118,19 @@ def _status(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def recorded_state(run_dir: Path) -> str | None:
+    """The state its last writer recorded in status.json (None: none), whether or not it still runs."""
+    state = _status(run_dir).get("state")
+    return state if isinstance(state, str) else None
+
+
 def run_state(run_dir: Path) -> RunState:
     """running while a process holds the lock; a run whose writer died without saying so is interrupted."""
     if is_locked(run_dir):
         return "running"
     if not (run_dir / SETTINGS).is_file():
         return "incomplete"
-    state = _status(run_dir).get("state")
+    state = recorded_state(run_dir)
     return state if state in ("done", "failed") else "interrupted"
 
 
@@ -155,7 +161,7 @@ def _manifest(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def resume_blocker(run_dir: Path, settings: dict[str, Any], state: RunState) -> str | None:
+def resume_blocker(run_dir: Path, state: RunState) -> str | None:
     """Why `tokenswift resume` would not continue this run, from what is on disk; None: it would.
 
     A failed run counts as any stopped one: its checkpoint (or, before the first one, its settings
@@ -163,15 +169,16 @@ def resume_blocker(run_dir: Path, settings: dict[str, Any], state: RunState) -> 
     """
     if state == "running":
         return "it is running"
+    if state == "done":
+        return "it is complete (raise its target with --tokens)"
     if not (run_dir / PREFIX).is_file():
         return f"its {PREFIX} is missing"
     try:
         manifest = read_manifest(run_dir)
     except CheckpointError as error:
         return str(error)
-    info, cfg = (manifest or {}).get("state", {}), settings["run_config"]
-    if info.get("emitted", 0) >= cfg["max_new_tokens"] or (info.get("eos_seen") and cfg.get("stop_at_eos")):
-        return "it is complete (raise its target with --tokens)"
+    # A stopped run whose checkpoint is complete resumes too: the resume records it done.
+    info = (manifest or {}).get("state", {})
     text = run_dir / TEXT
     if info.get("text_bytes", 0) > (text.stat().st_size if text.exists() else 0):
         return f"its {TEXT} is shorter than its checkpoint"
@@ -180,9 +187,10 @@ def resume_blocker(run_dir: Path, settings: dict[str, Any], state: RunState) -> 
 
 def _incomplete_info(run_dir: Path, error: str) -> RunInfo:
     created = datetime.fromtimestamp(run_dir.stat().st_mtime, UTC).isoformat(timespec="seconds")
+    state: RunState = "running" if is_locked(run_dir) else "incomplete"
     return RunInfo(
-        id=run_dir.name, path=run_dir, state=run_state(run_dir), created=created, model="", generated=0, target=0,
-        seconds=0.0, tokens_per_second=0.0, alpha=0.0, mean_accepted=0.0, error=error,
+        id=run_dir.name, path=run_dir, state=state, created=created, model="", generated=0, target=0, seconds=0.0,
+        tokens_per_second=0.0, alpha=0.0, mean_accepted=0.0, error=error,
     )  # fmt: skip
 
 
@@ -207,7 +215,7 @@ def run_info(run_dir: Path) -> RunInfo:
         alpha=stats.get("alpha", 0.0),
         mean_accepted=stats.get("mean_accepted", 0.0),
         error=_status(run_dir).get("error"),
-        resumable=state in ("interrupted", "failed") and resume_blocker(run_dir, settings, state) is None,
+        resumable=state in ("interrupted", "failed") and resume_blocker(run_dir, state) is None,
     )
 
 
@@ -253,7 +261,7 @@ def run_report(run_dir: Path) -> dict[str, Any]:
         settings = read_settings(run_dir)
     except RunError:  # incomplete: the report says so, and what the folder holds
         return report
-    report["resume_blocker"] = resume_blocker(run_dir, settings, info.state)
+    report["resume_blocker"] = resume_blocker(run_dir, info.state)
     stats = (_manifest(run_dir) or {}).get("state", {}).get("stats", {})
     report["settings"] = settings
     report["statistics"] = {
