@@ -47,6 +47,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="trial i uses seed SEED + i")
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny random model (else --model)")
     parser.add_argument("--model", default="default")
+    parser.add_argument("--heads", default="default")
     parser.add_argument("--tokens", type=int, default=None, help="default: 300 (tiny: 200)")
     parser.add_argument("--checkpoint-every", type=int, default=None, help="default: 32 (tiny: 8)")
     parser.add_argument("--max-kills", type=int, default=4, help="per trial; then the run goes to its end")
@@ -55,12 +56,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fault-sweep-") as tmp:
         root = Path(tmp)
-        model, text = _tiny(root / "tiny") if args.tiny else (args.model, (DEFAULT_TEXT.read_text()[:3000]))
+        model, text = _tiny(root / "tiny") if args.tiny else (args.model, DEFAULT_TEXT.read_text()[:3000])
         (root / "prefix.txt").write_text(text, encoding="utf-8")
         tokens = args.tokens or (200 if args.tiny else 300)
         every = args.checkpoint_every or (8 if args.tiny else 32)
-        write = ("-p", str(root / "prefix.txt"), "-n", str(tokens), "-m", str(model), "--checkpoint-every", str(every))
-        write += ("--threads", "1", "-q")
+        write: tuple[str, ...] = ("-p", str(root / "prefix.txt"), "-n", str(tokens), "-m", str(model))
+        write += ("--heads", args.heads, "--checkpoint-every", str(every), "--threads", "1", "-q")
         launcher = Launcher(cold=args.cold)
         try:
             text_bytes, seconds = reference(launcher, write, root)

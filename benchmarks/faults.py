@@ -65,7 +65,6 @@ class Launcher:
     """Starts `tokenswift` commands as forks of a process that imported the package (or, cold, fresh)."""
 
     def __init__(self, *, cold: bool = False) -> None:
-        self.cold = cold
         self._server: subprocess.Popen[str] | None = None
         if not cold:
             argv = [sys.executable, str(Path(__file__).resolve())]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import typer
@@ -40,18 +41,19 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
     if not infos:
         typer.echo(f"no runs in {root}")
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("run", "state", "resumable", "model", "progress", "tok/s", "alpha", "created"):
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("run", "state", "resume", "model", "progress", "tok/s", "alpha", "created"):
         table.add_column(column, justify="right" if column in ("progress", "tok/s", "alpha") else "left")
     for info in infos:
         # Any stopped run whose files allow it resumes, a failed one too; done and running ones say nothing.
-        resumable = ("yes" if info.resumable else "no") if info.state in ("interrupted", "failed", "incomplete") else ""
+        resume = ("yes" if info.resumable else "no") if info.state in ("interrupted", "failed", "incomplete") else ""
         progress = f"{info.generated:,}/{info.target:,}" if info.state != "incomplete" else "-"
         table.add_row(
-            info.id, info.state, resumable, info.model, progress,
+            info.id, info.state, resume, info.model, progress,
             f"{info.tokens_per_second:.1f}", f"{info.alpha:.2f}", info.created.replace("T", " ")[:16],
         )  # fmt: skip
-    Console(soft_wrap=True).print(table)
+    # Not a terminal: as wide as the rows need (a pipe's reader wants whole states and dates).
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240).print(table)
     for info in infos:
         if info.state == "incomplete":
             typer.echo(f"{info.id}: {info.error}")

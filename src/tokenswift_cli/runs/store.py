@@ -131,7 +131,7 @@ def run_state(run_dir: Path) -> RunState:
     if not (run_dir / SETTINGS).is_file():
         return "incomplete"
     state = recorded_state(run_dir)
-    return state if state in ("done", "failed") else "interrupted"
+    return "done" if state == "done" else "failed" if state == "failed" else "interrupted"
 
 
 @dataclass(frozen=True)
