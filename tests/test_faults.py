@@ -9,6 +9,7 @@ import errno
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,6 +83,41 @@ def test_stopped_at_random_moments_a_run_resumes_to_the_same_text(
     failed = [f"trial {t.index} (seed {t.seed}): {t.failure}; kills {t.kills}" for t in trials if t.failure]
     assert not failed, "\n".join(failed)
     assert totals["identical"] == TRIALS[sig] and totals["kills"] >= TRIALS[sig]
+
+
+def test_stopped_before_its_first_checkpoint_and_marked_failed_a_run_resumes(
+    sweep: tuple[Any, Any], folder: Path, tmp_path: Path
+) -> None:
+    """Issue 23: killed after its settings, before text.txt and any checkpoint; an old resume marked it failed."""
+    _, config = sweep
+    runs_dir = tmp_path / "runs"
+    assert cli("write", *write_args(folder), "--runs-dir", runs_dir).exit_code == 0
+    run = runs_dir / "run-001"
+    shutil.rmtree(run / "checkpoint")
+    (run / "text.txt").unlink()
+    (run / "status.json").write_text(json.dumps({"state": "failed", "error": "No such file or directory: text.txt"}))
+    assert json.loads(cli("runs", "--runs-dir", runs_dir, "--json").stdout)[0]["resumable"]
+    assert "no checkpoint yet" in cli("runs", "show", "1", "--runs-dir", runs_dir).stdout
+    resumed = cli("resume", "1", "--runs-dir", runs_dir, "-q", "--threads", "1")
+    assert resumed.exit_code == 0, resumed.output
+    assert resumed.stdout_bytes == (run / "text.txt").read_bytes() == config.reference
+
+
+def test_stopped_after_its_last_checkpoint_a_run_is_recorded_done(
+    sweep: tuple[Any, Any], folder: Path, tmp_path: Path
+) -> None:
+    _, config = sweep
+    runs_dir = tmp_path / "runs"
+    assert cli("write", *write_args(folder), "--runs-dir", runs_dir).exit_code == 0
+    run = runs_dir / "run-001"
+    (run / "status.json").write_text(json.dumps({"state": "running"}))  # killed before it recorded "done"
+    listed = json.loads(cli("runs", "--runs-dir", runs_dir, "--json").stdout)[0]
+    assert (listed["state"], listed["resumable"]) == ("interrupted", True)
+    resumed = cli("resume", "1", "--runs-dir", runs_dir)
+    assert resumed.exit_code == 0 and resumed.stdout == "" and "recorded as done" in resumed.stderr, resumed.output
+    assert json.loads((run / "status.json").read_text())["state"] == "done"
+    assert (run / "text.txt").read_bytes() == config.reference
+    assert "complete" in cli("resume", "1", "--runs-dir", runs_dir).stderr
 
 
 # ---- checkpoint writes that fail ----

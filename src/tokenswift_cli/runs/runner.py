@@ -206,17 +206,15 @@ def _check_resumable(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunCon
     return target
 
 
-def _complete(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunConfig, tokens: int | None) -> bool:
+def _complete(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, tokens: int | None) -> bool:
     """Whether the checkpoint holds the whole run (its target or, with --stop-at-eos, the end token), text too."""
-    info = (manifest or {}).get("state", {})
-    ended = info.get("emitted", 0) >= max(tokens or 0, cfg.max_new_tokens) or info.get("eos_seen") and cfg.stop_at_eos
-    text = run_dir / runs.TEXT
+    info, text = manifest["state"], run_dir / runs.TEXT
+    ended = info["emitted"] >= max(tokens or 0, cfg.max_new_tokens) or info["eos_seen"] and cfg.stop_at_eos
     return bool(ended) and text.exists() and text.stat().st_size >= info["text_bytes"]
 
 
-def _record_done(run_dir: Path, manifest: dict[str, Any] | None, *, quiet: bool) -> int:
+def _record_done(run_dir: Path, manifest: dict[str, Any], *, quiet: bool) -> int:
     """A run stopped between its last checkpoint and recording that it was done: record it now."""
-    assert manifest is not None
     os.truncate(run_dir / runs.TEXT, manifest["state"]["text_bytes"])
     runs.set_status(run_dir, "done")
     if not quiet:
@@ -250,7 +248,8 @@ def resume(
         settings = runs.read_settings(run_dir)
         cfg = RunConfig.from_dict(settings["run_config"])
         manifest = read_manifest(run_dir)
-        if _complete(run_dir, manifest, cfg, tokens) and runs.recorded_state(run_dir) != "done":
+        stopped = runs.recorded_state(run_dir) != "done"  # a done run's complete checkpoint means done
+        if manifest is not None and stopped and _complete(run_dir, manifest, cfg, tokens):
             return _record_done(run_dir, manifest, quiet=output.quiet)
         cfg = cfg.replace(max_new_tokens=_check_resumable(run_dir, manifest, cfg, tokens))
         renderer = make_renderer(quiet=output.quiet)
