@@ -14,6 +14,7 @@ and written again).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -112,8 +113,6 @@ class Launcher:
 
 def serve() -> None:
     """The launcher: import once, then fork one process per `run` request and reap it on `wait`."""
-    import contextlib
-
     import transformers
 
     import tokenswift_cli.cli.app
@@ -154,12 +153,16 @@ def _child(request: dict[str, Any]) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
+        # A late Ctrl-C must not return this fork into the launcher's loop: exit, whatever is raised meanwhile.
+        while True:
             try:
-                stream.flush()
-            except (OSError, ValueError):
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(OSError, ValueError):
+                        stream.flush()
+                os._exit(code)
+            except BaseException:  # the signal's KeyboardInterrupt: go round and exit
                 pass
-        os._exit(code)
 
 
 # ---- one trial: a run stopped, resumed, stopped... until done ----
@@ -201,6 +204,11 @@ def latest_run(runs_dir: Path) -> Path | None:
     return runs_dir / names[-1] if names else None
 
 
+def _writing_checkpoint(run: Path) -> bool:
+    folder = run / "checkpoint"
+    return folder.is_dir() and any(name.endswith(".tmp") for name in os.listdir(folder))
+
+
 def phase_of(runs_dir: Path, pid: int, *, resuming: bool) -> str:
     """The phase of process `pid`, from its run folder (see the module's docstring)."""
     run = latest_run(runs_dir)
@@ -212,77 +220,69 @@ def phase_of(runs_dir: Path, pid: int, *, resuming: bool) -> str:
         started = False
     if not started:
         return "loading"
-    folder = run / "checkpoint"
-    names = os.listdir(folder) if folder.is_dir() else []
-    if any(name.endswith(".tmp") for name in names):
+    if _writing_checkpoint(run):
         return "checkpoint"
-    return "generation" if "manifest.json" in names else "prefill"
-
-
-def _triggered(runs_dir: Path, trigger: str) -> bool:
-    run = latest_run(runs_dir)
-    if trigger == "time" or run is None:
-        return trigger == "time"
-    if trigger == "settings":
-        return (run / store.SETTINGS).is_file()
-    folder = run / "checkpoint"  # a checkpoint being written
-    return folder.is_dir() and any(name.endswith(".tmp") for name in os.listdir(folder))
+    return "generation" if (run / "checkpoint" / "manifest.json").exists() else "prefill"
 
 
 def _watch(child: Child, runs_dir: Path, trigger: str, delay: float, deadline: float) -> bool:
     """Wait `delay` seconds, then for the trigger; False if the process ended first."""
     start = time.monotonic()
     while not child.ended() and time.monotonic() < deadline:
-        if time.monotonic() - start >= delay and _triggered(runs_dir, trigger):
-            return True
+        if time.monotonic() - start >= delay:
+            run = latest_run(runs_dir)
+            if (
+                trigger == "time"
+                or run is not None
+                and ((run / store.SETTINGS).is_file() if trigger == "settings" else _writing_checkpoint(run))
+            ):
+                return True
         time.sleep(0.001)
     return False
 
 
-def _step(launcher: Launcher, sweep: Sweep, trial: Trial, rng: random.Random, runs_dir: Path) -> bool:
-    """Start the next process of the trial (write, or resume), maybe stop it; True when the run is done."""
+def _command(sweep: Sweep, trial: Trial, runs_dir: Path) -> list[str]:
+    """What the user would run next: write, resume, or remove a run stopped while being created."""
     run = latest_run(runs_dir)
-    if run is not None and store.run_state(run) == "incomplete":  # stopped while being created
-        args = ["runs", "rm", run.name, "--runs-dir", str(runs_dir)]
-    elif run is not None:
-        args = ["resume", run.name, "--runs-dir", str(runs_dir), "--threads", "1", "-q"]
+    if run is not None and store.run_state(run) == "incomplete":
+        return ["runs", "rm", run.name, "--runs-dir", str(runs_dir)]
+    if run is not None:
         trial.resumes += 1
-    else:
-        args = ["write", *sweep.args, "--runs-dir", str(runs_dir)]
+        return ["resume", run.name, "--runs-dir", str(runs_dir), "--threads", "1", "-q"]
+    return ["write", *sweep.args, "--runs-dir", str(runs_dir)]
+
+
+def _step(launcher: Launcher, sweep: Sweep, trial: Trial, rng: random.Random, runs_dir: Path) -> bool:
+    """Run the next command of the trial, maybe stopping it; True when the run is done."""
+    args = _command(sweep, trial, runs_dir)
     out, err = runs_dir.parent / f"{runs_dir.name}.out", runs_dir.parent / f"{runs_dir.name}.err"
     kill = args[0] != "runs" and len(trial.kills) < sweep.max_kills and rng.random() < 0.85
-    triggers = ("time", "settings", "checkpoint") if args[0] == "write" else ("time", "checkpoint")
-    trigger, delay = rng.choice(triggers), rng.uniform(0.0, sweep.seconds)
-    second = sweep.sig == "int" and rng.random() < 0.3  # Ctrl-C twice: stop at once
-    child = launcher.start(args, out=out, err=err)
-    deadline = time.monotonic() + sweep.timeout
-    phase = None
-    if kill and _watch(child, runs_dir, trigger, delay, deadline):
+    trigger = rng.choice(("time", "settings", "checkpoint") if args[0] == "write" else ("time", "checkpoint"))
+    delay, second = rng.uniform(0.0, sweep.seconds), sweep.sig == "int" and rng.random() < 0.3  # Ctrl-C twice
+    child, phase = launcher.start(args, out=out, err=err), None
+    if kill and _watch(child, runs_dir, trigger, delay, time.monotonic() + sweep.timeout):
         phase = phase_of(runs_dir, child.pid, resuming=args[0] == "resume")
         os.kill(child.pid, SIGNALS[sweep.sig])
         if second:
             time.sleep(rng.uniform(0.0, 0.2))
             if not child.ended():
                 os.kill(child.pid, SIGNALS[sweep.sig])
-    code = child.wait(sweep.timeout)
-    stderr = err.read_text(errors="replace")
+    code, stderr = child.wait(sweep.timeout), err.read_text(errors="replace")
     if phase is not None:
         trial.kills.append(Kill(args[0], trigger, round(delay, 3), phase, code))
     if code is None:
         raise AssertionError(f"{args[0]} hung ({sweep.timeout:.0f} s)")
-    # A traceback, but for Ctrl-C while a fresh interpreter still imports (--cold), is a bug.
-    if "internal error" in stderr or "Traceback" in stderr and not stderr.rstrip().endswith("KeyboardInterrupt"):
+    # A traceback is a bug, but for Ctrl-C's KeyboardInterrupt where no handler can take it (a fresh
+    # interpreter's imports, a finaliser): Python prints those.
+    if "internal error" in stderr or "Traceback" in stderr and "KeyboardInterrupt" not in stderr:
         raise AssertionError(f"{args[0]} (exit {code}): {stderr.strip()[-2000:]}")
-    if code == 0:
-        return args[0] != "runs"
-    if phase is None:
+    if code != 0 and phase is None:
         raise AssertionError(f"{args[0]} failed (exit {code}): {stderr.strip()[-2000:]}")
     stopped = latest_run(runs_dir)
-    if stopped is not None:
-        info = store.run_info(stopped)
-        if info.state == "running" or info.state in ("interrupted", "failed") and not info.resumable:
-            raise AssertionError(f"{stopped.name} is {info.state}, not resumable, after the {phase} kill")
-    return False
+    info = store.run_info(stopped) if code != 0 and stopped is not None else None
+    if info is not None and (info.state == "running" or info.state in ("interrupted", "failed") and not info.resumable):
+        raise AssertionError(f"{info.id} is {info.state}, not resumable, after the {phase} kill")
+    return code == 0 and args[0] != "runs"
 
 
 def run_trial(launcher: Launcher, sweep: Sweep, *, index: int, seed: int, root: Path) -> Trial:
