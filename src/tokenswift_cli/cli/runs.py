@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from typing import Any
 
 import typer
 
@@ -41,20 +43,27 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
     if not infos:
         typer.echo(f"no runs in {root}")
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("run", "state", "model", "progress", "tok/s", "alpha", "created"):
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("run", "state", "resume", "model", "progress", "tok/s", "alpha", "created"):
         table.add_column(column, justify="right" if column in ("progress", "tok/s", "alpha") else "left")
     for info in infos:
+        # Any stopped run whose files allow it resumes, a failed one too; done and running ones say nothing.
+        resume = ("yes" if info.resumable else "no") if info.state in ("interrupted", "failed", "incomplete") else ""
+        progress = f"{info.generated:,}/{info.target:,}" if info.state != "incomplete" else "-"
         table.add_row(
-            info.id, info.state, info.model, f"{info.generated:,}/{info.target:,}",
+            info.id, info.state, resume, info.model, progress,
             f"{info.tokens_per_second:.1f}", f"{info.alpha:.2f}", info.created.replace("T", " ")[:16],
         )  # fmt: skip
-    Console(soft_wrap=True).print(table)
+    # Not a terminal: as wide as the rows need (a pipe's reader wants whole states and dates).
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240).print(table)
+    for info in infos:
+        if info.state == "incomplete":
+            typer.echo(f"{info.id}: {info.error}")
 
 
 @runs_app.command("show", cls=Command, epilog="Example: tokenswift runs show run-003 --json")
 def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
-    """Show one run's settings and statistics."""
+    """Show one run's settings, statistics and what is on disk (last checkpoint, tokens, bytes)."""
     from tokenswift_cli.runs import store as runs
 
     with errors():
@@ -62,10 +71,20 @@ def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False
     if as_json:
         typer.echo(json.dumps(report, indent=1))
         return
-    stats, cfg = report["statistics"], report["settings"]["run_config"]
-    lines = {
+    resume = f"yes: tokenswift resume {report['id']}" if report["resumable"] else f"no, {report['resume_blocker']}"
+    head = {
         "run": f"{report['id']} ({report['state']})" + (f": {report['error']}" if report["error"] else ""),
         "folder": report["path"],
+        "on disk": _on_disk(report),
+        "resume": resume,
+    }
+    if report["settings"] is None:  # incomplete: no settings to show
+        for key, value in head.items():
+            typer.echo(f"{key:>9}  {value}")
+        return
+    stats, cfg = report["statistics"], report["settings"]["run_config"]
+    lines = {
+        **head,
         "model": f"{report['settings']['model']['label']} ({report['settings']['model']['spec']['name']})",
         "heads": report["settings"]["heads"]["path"] or "none",
         "mode": cfg["mode"],
@@ -76,6 +95,25 @@ def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False
     }
     for key, value in lines.items():
         typer.echo(f"{key:>9}  {value}")
+
+
+def _on_disk(report: dict[str, Any]) -> str:
+    """The last checkpoint (tokens, bytes) and the text, or why a resume starts from the prefix."""
+    disk, saved = report["disk"], report["checkpoint"]
+    text = f"text.txt {disk['text_bytes']:,} bytes" if disk["text_bytes"] is not None else "no text.txt"
+    if saved is not None:
+        after = (disk["text_bytes"] or 0) - saved["text_bytes"]
+        return (
+            f"checkpoint {saved['seq']} ({saved['written_at'].replace('T', ' ')[:19]}): {saved['tokens']:,} tokens, "
+            f"{saved['text_bytes']:,} bytes of text, {saved['files']} files of {saved['bytes']:,} bytes; {text}"
+            + (f" ({after:,} bytes after the checkpoint, written again on resume)" if after > 0 else "")
+        )
+    if disk["checkpoint_error"]:
+        return f"{disk['checkpoint_error']}; {text}"
+    if report["settings"] is None:
+        return ", ".join(disk["files"]) or "nothing"
+    tokens = report["settings"]["prefix"]["tokens"]
+    return f"no checkpoint yet: a resume starts again from the {tokens:,}-token prefix; {text}"
 
 
 @runs_app.command("rm", cls=Command, epilog="Example: tokenswift runs rm run-003")

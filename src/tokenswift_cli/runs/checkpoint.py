@@ -163,6 +163,9 @@ class Checkpointer:
             }
             write_json_atomic(self.folder / MANIFEST, {**body, "checksum": _digest(body)})
         except BaseException as error:
+            if _saved_seq(self.folder) == seq:  # interrupted after the manifest's rename: it is the valid one
+                self.manifest = read_manifest(self.folder.parent)
+                raise
             for path in written:
                 path.unlink(missing_ok=True)
             if isinstance(error, OSError):
@@ -182,6 +185,14 @@ class Checkpointer:
             if path.name not in keep:
                 with contextlib.suppress(OSError):
                     path.unlink()
+
+
+def _saved_seq(folder: Path) -> int | None:
+    """The sequence number of the manifest on disk (None: none, or unreadable)."""
+    try:
+        return cast(int | None, (read_manifest(folder.parent) or {}).get("seq"))
+    except CheckpointError:
+        return None
 
 
 def _never_read_again(entry: dict[str, Any], state: GenerationState) -> bool:

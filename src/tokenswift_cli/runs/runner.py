@@ -8,6 +8,7 @@ finish the step, checkpoint and return 128 + the signal number.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -192,7 +193,6 @@ def write(
                 run_dir, loaded, state, stream, cfg=config, keep_bytes=None, output=output, renderer=renderer,
                 runs_dir=runs_dir,
             )  # fmt: skip
-            session.checkpoint()  # the prefix's keys/values: a resume never prefills again
             return session.drive(stop)
 
 
@@ -212,6 +212,22 @@ def _check_resumable(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunCon
     if size < info.get("text_bytes", 0):
         raise CheckpointError(f"{text} is shorter than its checkpoint ({size} < {info['text_bytes']} bytes)")
     return target
+
+
+def _complete(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, tokens: int | None) -> bool:
+    """Whether the checkpoint holds the whole run (its target or, with --stop-at-eos, the end token), text too."""
+    info, text = manifest["state"], run_dir / runs.TEXT
+    ended = info["emitted"] >= max(tokens or 0, cfg.max_new_tokens) or info["eos_seen"] and cfg.stop_at_eos
+    return bool(ended) and text.exists() and text.stat().st_size >= info["text_bytes"]
+
+
+def _record_done(run_dir: Path, manifest: dict[str, Any], *, quiet: bool) -> int:
+    """A run stopped between its last checkpoint and recording that it was done: record it now."""
+    os.truncate(run_dir / runs.TEXT, manifest["state"]["text_bytes"])
+    runs.set_status(run_dir, "done")
+    if not quiet:
+        print(f"{run_dir.name} is complete: it stopped after its last checkpoint; now recorded as done", file=sys.stderr)
+    return 0
 
 
 def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: RunModel) -> None:
@@ -241,6 +257,9 @@ def resume(
         settings = runs.read_settings(run_dir)
         cfg = RunConfig.from_dict(settings["run_config"])
         manifest = read_manifest(run_dir)
+        stopped = runs.recorded_state(run_dir) != "done"  # a done run's complete checkpoint means done
+        if manifest is not None and stopped and _complete(run_dir, manifest, cfg, tokens):
+            return _record_done(run_dir, manifest, quiet=output.quiet)
         cfg = cfg.replace(max_new_tokens=_check_resumable(run_dir, manifest, cfg, tokens))
         renderer = _reporting(output, renderer)
         spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
@@ -254,7 +273,9 @@ def resume(
             renderer.note(warning)
         decode = tokenizer_decoder(loaded.tokenizer)
         if manifest is None:  # stopped before its first checkpoint: start over from the prefix
-            prompt = loaded.tokenizer((run_dir / runs.PREFIX).read_text(encoding="utf-8"))["input_ids"]
+            # Bytes, not read_text: newline translation would turn a "\r\n" prefix into other tokens.
+            prefix = (run_dir / runs.PREFIX).read_bytes().decode("utf-8")
+            prompt = loaded.tokenizer(prefix)["input_ids"]
             state, stream, keep = prefill(loaded.target, prompt, cfg), TextStream(decode, prompt), 0
         else:
             target = loaded.target

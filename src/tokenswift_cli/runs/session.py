@@ -43,7 +43,8 @@ class TextSink:
         if keep_bytes is None:
             self.file = path.open("wb")
         else:
-            self.file = path.open("r+b")
+            # A run stopped before its first checkpoint may have no text.txt yet: create it.
+            self.file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
             self.file.truncate(keep_bytes)
             self.file.seek(keep_bytes)
         self.out = out.open("ab" if keep_bytes is not None else "wb") if out is not None else None
@@ -166,6 +167,8 @@ class Session:
         """Generate to the target or a stop request; checkpoint; return the exit code."""
         last = self.state.stats.generated
         try:
+            if self.checkpointer.manifest is None:
+                self.checkpoint()  # the prefix's keys/values first: a resume never prefills again
             if stop.signum is None and not self.state.finished(self.cfg):
                 events = generate(self.target, self.heads, self.state, self.cfg, eos_ids=self.eos_ids)
                 for event in events:

@@ -18,9 +18,10 @@ from typing import Any, Literal
 
 from tokenswift_cli.paths import home_dir
 from tokenswift_cli.runs.checkpoint import CheckpointError, read_manifest
-from tokenswift_cli.runs.durable import is_locked, write_json_atomic
+from tokenswift_cli.runs.durable import LOCK, is_locked, write_json_atomic
 
-RunState = Literal["running", "interrupted", "done", "failed"]
+# "incomplete": a folder without readable settings (stopped while being created): nothing to resume.
+RunState = Literal["running", "interrupted", "done", "failed", "incomplete"]
 SETTINGS = "settings.json"
 STATUS = "status.json"
 PREFIX = "prefix.txt"
@@ -72,15 +73,17 @@ def create_run(root: Path) -> Path:
 
 
 def resolve_run(root: Path, name: str) -> Path:
-    """`run-042`, `42` or a run folder's path."""
+    """`run-042`, `42` or a run folder's path (an incomplete one too: `runs show` and `runs rm` take it)."""
     candidate = Path(name).expanduser()
     if (candidate / SETTINGS).is_file():
         return candidate.absolute()
     digits = name.removeprefix("run-")
     path = root / (run_name(int(digits)) if digits.isdigit() else name)
-    if not (path / SETTINGS).is_file():
-        raise RunError(f"no run named {name!r} in {root} (see `tokenswift runs`)")
-    return path
+    if path.is_dir() and _NAME.fullmatch(path.name):
+        return path
+    if candidate.is_dir() and _NAME.fullmatch(candidate.name):
+        return candidate.absolute()
+    raise RunError(f"no run named {name!r} in {root} (see `tokenswift runs`)")
 
 
 def write_settings(run_dir: Path, settings: dict[str, Any]) -> None:
@@ -88,6 +91,11 @@ def write_settings(run_dir: Path, settings: dict[str, Any]) -> None:
 
 
 def read_settings(run_dir: Path) -> dict[str, Any]:
+    if not (run_dir / SETTINGS).exists():
+        raise RunError(
+            f"{run_dir.name} has no settings: it stopped while being created, before anything could be "
+            f"resumed; remove it with `tokenswift runs rm {run_dir.name}`"
+        )
     try:
         data = json.loads((run_dir / SETTINGS).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -110,12 +118,20 @@ def _status(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def recorded_state(run_dir: Path) -> str | None:
+    """The state its last writer recorded in status.json (None: none), whether or not it still runs."""
+    state = _status(run_dir).get("state")
+    return state if isinstance(state, str) else None
+
+
 def run_state(run_dir: Path) -> RunState:
     """running while a process holds the lock; a run whose writer died without saying so is interrupted."""
     if is_locked(run_dir):
         return "running"
-    state = _status(run_dir).get("state")
-    return state if state in ("done", "failed") else "interrupted"
+    if not (run_dir / SETTINGS).is_file():
+        return "incomplete"
+    state = recorded_state(run_dir)
+    return "done" if state == "done" else "failed" if state == "failed" else "interrupted"
 
 
 @dataclass(frozen=True)
@@ -132,6 +148,7 @@ class RunInfo:
     alpha: float
     mean_accepted: float
     error: str | None = None
+    resumable: bool = False  # what is on disk lets `tokenswift resume` continue it (failed runs too)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "path": str(self.path)}
@@ -144,14 +161,51 @@ def _manifest(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def resume_blocker(run_dir: Path, state: RunState) -> str | None:
+    """Why `tokenswift resume` would not continue this run, from what is on disk; None: it would.
+
+    A failed run counts as any stopped one: its checkpoint (or, before the first one, its settings
+    and prefix) is what a resume starts from. No torch and no checksums of the KV segments here.
+    """
+    if state == "running":
+        return "it is running"
+    if state == "done":
+        return "it is complete (raise its target with --tokens)"
+    if not (run_dir / PREFIX).is_file():
+        return f"its {PREFIX} is missing"
+    try:
+        manifest = read_manifest(run_dir)
+    except CheckpointError as error:
+        return str(error)
+    # A stopped run whose checkpoint is complete resumes too: the resume records it done.
+    info = (manifest or {}).get("state", {})
+    text = run_dir / TEXT
+    if info.get("text_bytes", 0) > (text.stat().st_size if text.exists() else 0):
+        return f"its {TEXT} is shorter than its checkpoint"
+    return None
+
+
+def _incomplete_info(run_dir: Path, error: str) -> RunInfo:
+    created = datetime.fromtimestamp(run_dir.stat().st_mtime, UTC).isoformat(timespec="seconds")
+    state: RunState = "running" if is_locked(run_dir) else "incomplete"
+    return RunInfo(
+        id=run_dir.name, path=run_dir, state=state, created=created, model="", generated=0, target=0, seconds=0.0,
+        tokens_per_second=0.0, alpha=0.0, mean_accepted=0.0, error=error,
+    )  # fmt: skip
+
+
 def run_info(run_dir: Path) -> RunInfo:
-    settings = read_settings(run_dir)
+    try:
+        settings = read_settings(run_dir)
+    except RunError as error:  # listed all the same, as something to remove
+        return _incomplete_info(run_dir, str(error))
     stats = (_manifest(run_dir) or {}).get("state", {}).get("stats", {})
+    state = run_state(run_dir)
     seconds = sum(v for k, v in stats.get("seconds", {}).items() if k != "prefill")
     return RunInfo(
         id=run_dir.name,
         path=run_dir,
-        state=run_state(run_dir),
+        state=state,
         created=settings.get("created", ""),
         model=settings["model"].get("label") or settings["model"]["spec"]["name"],
         generated=stats.get("generated", 0),
@@ -161,44 +215,71 @@ def run_info(run_dir: Path) -> RunInfo:
         alpha=stats.get("alpha", 0.0),
         mean_accepted=stats.get("mean_accepted", 0.0),
         error=_status(run_dir).get("error"),
+        resumable=state in ("interrupted", "failed") and resume_blocker(run_dir, state) is None,
     )
 
 
-def run_report(run_dir: Path) -> dict[str, Any]:
-    """Settings and statistics of a run, as `tokenswift runs show --json` prints them."""
-    info, settings, manifest = run_info(run_dir), read_settings(run_dir), _manifest(run_dir)
-    stats = (manifest or {}).get("state", {}).get("stats", {})
-    checkpoint = None
-    if manifest is not None:
-        checkpoint = {"seq": manifest["seq"], "written_at": manifest["written_at"], "tokens": stats.get("generated", 0)}
+def _size(path: Path) -> int | None:
+    return path.stat().st_size if path.is_file() else None
+
+
+def _checkpoint_on_disk(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the last checkpoint: sequence number, time, tokens, text bytes, files, bytes; why it is unusable)."""
+    try:
+        manifest = read_manifest(run_dir)
+    except CheckpointError as error:
+        return None, str(error)
+    if manifest is None:
+        return None, None
+    info, files = manifest["state"], manifest["files"]
     return {
-        "id": info.id,
-        "path": str(info.path),
-        "state": info.state,
-        "error": info.error,
-        "settings": settings,
-        "statistics": {
-            "generated_tokens": info.generated,
-            "target_tokens": info.target,
-            "seconds": info.seconds,
-            "prefill_seconds": stats.get("seconds", {}).get("prefill", 0.0),
-            "tokens_per_second": info.tokens_per_second,
-            "alpha": info.alpha,
-            "beta": stats.get("beta", 0.0),
-            "mean_accepted_length": info.mean_accepted,
-            "iterations": stats.get("iterations", 0),
-        },
-        "checkpoint": checkpoint,
+        "seq": manifest["seq"],
+        "written_at": manifest["written_at"],
+        "tokens": info["emitted"],
+        "text_bytes": info["text_bytes"],
+        "files": len(files),
+        "bytes": sum(e["bytes"] for e in files),
+    }, None
+
+
+def run_report(run_dir: Path) -> dict[str, Any]:
+    """Settings, statistics and what is on disk, as `tokenswift runs show --json` prints them."""
+    info = run_info(run_dir)
+    checkpoint, damage = _checkpoint_on_disk(run_dir)
+    disk = {
+        "files": sorted(p.name for p in run_dir.iterdir() if p.name != LOCK),
+        "prefix_bytes": _size(run_dir / PREFIX),
+        "text_bytes": _size(run_dir / TEXT),
+        "checkpoint_error": damage,
     }
+    report: dict[str, Any] = {
+        "id": info.id, "path": str(info.path), "state": info.state, "error": _status(run_dir).get("error"),
+        "resumable": info.resumable,
+        "resume_blocker": info.error, "settings": None, "statistics": None, "checkpoint": checkpoint, "disk": disk,
+    }  # fmt: skip
+    try:
+        settings = read_settings(run_dir)
+    except RunError:  # incomplete: the report says so, and what the folder holds
+        return report
+    report["resume_blocker"] = resume_blocker(run_dir, info.state)
+    stats = (_manifest(run_dir) or {}).get("state", {}).get("stats", {})
+    report["settings"] = settings
+    report["statistics"] = {
+        "generated_tokens": info.generated,
+        "target_tokens": info.target,
+        "seconds": info.seconds,
+        "prefill_seconds": stats.get("seconds", {}).get("prefill", 0.0),
+        "tokens_per_second": info.tokens_per_second,
+        "alpha": info.alpha,
+        "beta": stats.get("beta", 0.0),
+        "mean_accepted_length": info.mean_accepted,
+        "iterations": stats.get("iterations", 0),
+    }
+    return report
 
 
 def list_runs(root: Path) -> list[RunInfo]:
-    infos = []
-    for number in _numbers(root):
-        path = root / run_name(number)
-        if (path / SETTINGS).is_file():
-            infos.append(run_info(path))
-    return infos
+    return [run_info(root / run_name(number)) for number in _numbers(root)]
 
 
 def remove_run(root: Path, name: str) -> Path:

@@ -8,12 +8,15 @@ compiler `available()` is False, a warning is logged once, and the callers keep 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -44,6 +47,16 @@ def _warn_once(reason: str) -> None:
     log.warning("the C++ kernels did not compile (%s); using the slower torch code", reason)
 
 
+def build_dir() -> Path:
+    """The cache folder of this build, named for the sources (bytes and place), flags and torch version."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode())
+    digest.update(torch.__version__.encode())
+    # ninja's build file names the sources by path: two checkouts sharing one folder would rebuild
+    # each other's kernels at every load
+    digest.update(str(SOURCES[0].parent.resolve()).encode())
+    return cache_dir() / "kernels" / f"tokenswift_kernels_{digest.hexdigest()[:12]}"
+
+
 @functools.cache
 def load() -> ModuleType:
     """The compiled module (built first if needed)."""
@@ -54,15 +67,25 @@ def load() -> ModuleType:
     scripts = str(Path(sys.executable).parent)  # the `ninja` package's binary, when the venv is not on PATH
     if shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode())
-    digest.update(torch.__version__.encode())
-    # ninja's build file names the sources by path: two checkouts sharing one folder would rebuild
-    # each other's kernels at every load
-    digest.update(str(SOURCES[0].parent.resolve()).encode())
-    name = f"tokenswift_kernels_{digest.hexdigest()[:12]}"
-    build = cache_dir() / "kernels" / name
+    build = build_dir()
     build.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name=name, sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
-        build_directory=str(build), verbose=False,
-    )  # fmt: skip
+    with _exclusive(build / ".tokenswift-lock"):
+        # torch's own lock (the file `lock`, held while it builds or checks the build) outlives a
+        # process killed meanwhile, and every later load would wait for it forever. Under this
+        # flock, which the kernel drops with its process, no other load holds it: it is stale.
+        (build / "lock").unlink(missing_ok=True)
+        return cpp_extension.load(
+            name=build.name, sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
+            build_directory=str(build), verbose=False,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive `flock` on `path`, waiting for another process's load to finish."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
