@@ -110,6 +110,7 @@ def test_write_defaults_are_the_library_defaults(captured: dict[str, Any], prefi
     assert result.exit_code == 0, result.output
     assert captured["write"] == {
         "prefix": PREFIX,
+        "request": None,
         "config": RunConfig(
             max_new_tokens=2000,
             sampling=defaults.EMBEDDED,
@@ -150,6 +151,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify", lookup_length=24)
     assert captured["write"] == {
         "prefix": PREFIX,
+        "request": None,
         "config": RunConfig(
             max_new_tokens=1500,
             mode="plain",
@@ -425,7 +427,7 @@ def test_interrupt_then_resume_equals_uninterrupted(
     first = drain(read)
     stderr = process.stderr.read().decode() if process.stderr else ""
     assert process.wait(60) == 128 + sig, stderr
-    assert "resume with: tokenswift resume run-001" in stderr
+    assert f"resume with: {sys.executable} -m tokenswift_cli resume run-001" in stderr  # the command as run
     assert json.loads((run_dir() / "status.json").read_text())["state"] == "interrupted"
     assert first == (run_dir() / "text.txt").read_bytes()  # everything written is in the checkpoint
     manifest = json.loads((run_dir() / "checkpoint" / "manifest.json").read_text())

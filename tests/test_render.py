@@ -118,3 +118,21 @@ def test_formatting_helpers() -> None:
         meter.add(10 * t if t < 10 else 100 + 50 * (t - 10))  # 10 tok/s, then 50 tok/s
     assert meter.rate == 50.0
     assert "eta" in log_line(SNAPSHOT, 0.0)
+
+
+def test_a_long_paragraph_streams_above_the_panel_line_by_line() -> None:
+    """One terminal for text and panel: a paragraph with no newline yet is not cut to its last screen line."""
+    console = Console(file=io.StringIO(), width=40, color_system=None, force_terminal=False)
+    live = LivePanel(console, takes_text=True, clock=FakeClock())
+    words = [f"word{i}" for i in range(60)]
+    for word in words:
+        live.text(word + " ")
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert all(len(line) <= 40 for line in shown.splitlines()) and len(live.pending) <= 40
+    assert (shown.split() + live.pending.split()) == words  # every word, in order, once
+    live.update(SNAPSHOT)
+    live.live.start()
+    live.note("run-007 done")  # the summary comes after the last of the text
+    live.close()
+    shown = console.file.getvalue().split()  # type: ignore[attr-defined]
+    assert shown.index(words[-1]) + 1 == shown.index("run-007")

@@ -197,9 +197,12 @@ class RunConfig:
     prefill_chunk: int = 512
     window: ContextWindow | AutoWindow | None = None
     kv_cache: KVCache = "auto"
+    stop: tuple[str, ...] = ()  # the text ends at the first of these (included): `--stop`
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "the number of tokens to write must be >= 1")
+        object.__setattr__(self, "stop", tuple(str(s) for s in self.stop))
+        _check(all(self.stop), "a --stop string must not be empty")
         _check(self.kv_cache in KV_CACHES, f"unknown KV cache {self.kv_cache!r}: use {', '.join(KV_CACHES)}")
         _check(self.mode in ("tokenswift", "plain"), f"unknown mode {self.mode!r}: use tokenswift or plain")
         _check(self.prefill_chunk >= 1, "prefill chunk must be >= 1")

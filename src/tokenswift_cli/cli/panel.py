@@ -159,7 +159,7 @@ class LivePanel(QuietRenderer):
         age = self.clock() - self.checkpoint_time if self.checkpoint_time is not None else None
         view = panel(self.progress, self.meter.rate, title=self.title, checkpoint_age=age)
         if self.takes_text and self.pending:
-            return Group(Text(self.pending[-self.console.width :], overflow="ellipsis", no_wrap=True), view)
+            return Group(Text(self.pending), view)  # at most one line: `text` printed the others above
         return view
 
     def start(self, title: str) -> None:
@@ -174,18 +174,31 @@ class LivePanel(QuietRenderer):
         self.checkpoint_time = self.clock()
 
     def note(self, message: str) -> None:
+        self._end_line()  # a note never lands inside the text, nor before its last line
         self.console.print(message, markup=False, highlight=False)
 
     def text(self, chunk: str) -> None:
+        """Whole screen lines go above the panel, where they stay; the line being written shows just above it."""
         lines = (self.pending + chunk).split("\n")
         self.pending = lines.pop()
         for line in lines:
-            self.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+            self._print(line)
+        wrapped = Text(self.pending).wrap(self.console, self.console.width)
+        if len(wrapped) > 1:
+            for line in wrapped[:-1]:
+                self._print(line.plain.rstrip())
+            self.pending = wrapped[-1].plain
+
+    def _print(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+    def _end_line(self) -> None:
+        if self.takes_text and self.pending:
+            self._print(self.pending)
+            self.pending = ""
 
     def close(self) -> None:
-        if self.takes_text and self.pending:
-            self.console.print(self.pending, markup=False, highlight=False, emoji=False, soft_wrap=True)
-            self.pending = ""
+        self._end_line()
         self.live.stop()
 
 

@@ -15,6 +15,7 @@ from tokenswift_cli.cli.options import (
     RunArg,
     RunsDirOpt,
     ThreadsOpt,
+    program_name,
 )
 from tokenswift_cli.parsing import parse_tokens
 
@@ -43,7 +44,9 @@ def resume(
         from tokenswift_cli.runs import runner
 
         runner.use_threads(threads)
-        output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet)
+        output = runner.Output(
+            out=out, checkpoint_every=checkpoint_every, quiet=quiet, command=program_name()
+        )
         code = runner.resume(
             run=run, tokens=target, runs_dir=runs_dir, output=output, renderer=make_renderer(quiet=quiet)
         )

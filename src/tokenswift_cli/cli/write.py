@@ -6,7 +6,7 @@ Torch is imported only when the command runs, so `tokenswift --help` stays insta
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -39,6 +39,8 @@ from tokenswift_cli.cli.options import (
     PenaltyOpt,
     PenaltyWindowOpt,
     PrefixOpt,
+    PromptFileOpt,
+    PromptOpt,
     QuietOpt,
     RopeFactorOpt,
     RopeScalingOpt,
@@ -47,6 +49,8 @@ from tokenswift_cli.cli.options import (
     SeedOpt,
     SinksOpt,
     StopAtEosOpt,
+    StopOpt,
+    SystemOpt,
     TemperatureOpt,
     ThreadsOpt,
     TokensOpt,
@@ -54,9 +58,11 @@ from tokenswift_cli.cli.options import (
     TopPOpt,
     TreeOpt,
     WeightsOpt,
+    program_name,
 )
 from tokenswift_cli.config import (
     DEFAULT_SINKS,
+    ConfigError,
     DraftConfig,
     DType,
     KVCache,
@@ -71,7 +77,10 @@ from tokenswift_cli.parsing import off_if_zero, parse_tokens, parse_tree, parse_
 from tokenswift_cli.sampling.defaults import default_sampling
 from tokenswift_cli.sampling.scripts import parse_scripts
 
-EXAMPLE = "Example: tokenswift write --prefix novel.txt --tokens 100k --temperature 0.8 --seed 7 > book.txt"
+if TYPE_CHECKING:
+    from tokenswift_cli.model.chat import ChatRequest
+
+EXAMPLE = "Example: tokenswift write --prompt \"Write a long story about a lighthouse keeper\" --tokens 20k > story.txt"
 
 
 def register(app: typer.Typer) -> None:
@@ -86,8 +95,11 @@ def sampling_for(model: str, **given: float | int | str | tuple[str, ...] | None
 
 
 def write(
-    prefix: PrefixOpt,
     tokens: TokensOpt,
+    prefix: PrefixOpt = None,
+    prompt: PromptOpt = None,
+    prompt_file: PromptFileOpt = None,
+    system: SystemOpt = None,
     model: ModelOpt = "default",
     heads: HeadsOpt = "default",
     dtype: DTypeOpt = "auto",
@@ -119,10 +131,11 @@ def write(
     checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_EVERY,
     runs_dir: RunsDirOpt = None,
     stop_at_eos: StopAtEosOpt = False,
+    stop: StopOpt = None,
     quiet: QuietOpt = False,
     threads: ThreadsOpt = None,
 ) -> None:
-    """Write --tokens tokens after the text of --prefix; the text streams to stdout.
+    """Write --tokens tokens: continue the text of --prefix, or answer --prompt; the text streams to stdout.
 
     The run is checkpointed as it goes; Ctrl-C stops it after the current step, and `tokenswift resume`
     continues it with exactly the text an uninterrupted run would have written.
@@ -143,6 +156,7 @@ def write(
         config = RunConfig(
             max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,
             draft=drafting, window=parse_window(context_window, sinks, model), kv_cache=cast(KVCache, kv_cache),
+            stop=tuple(stop or ()),
         )  # fmt: skip
         spec = ModelSpec(
             name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),
@@ -152,10 +166,35 @@ def write(
         from tokenswift_cli.runs import runner
 
         runner.use_threads(threads)
-        output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet)
-        text = runner.read_prefix(prefix)
+        output = runner.Output(
+            out=out, checkpoint_every=checkpoint_every, quiet=quiet, command=program_name()
+        )
+        text, request = _what_to_write(prefix, prompt, prompt_file, system)
         code = runner.write(
-            prefix=text, config=config, model=spec, heads=heads, runs_dir=runs_dir, output=output,
+            prefix=text, request=request, config=config, model=spec, heads=heads, runs_dir=runs_dir, output=output,
             renderer=make_renderer(quiet=quiet),
         )  # fmt: skip
     raise typer.Exit(code)
+
+
+def _what_to_write(
+    prefix: str | None, prompt: str | None, prompt_file: str | None, system: str | None
+) -> tuple[str | None, ChatRequest | None]:
+    """The text to continue, or the request to answer: exactly one of --prefix, --prompt, --prompt-file."""
+    from tokenswift_cli.model.chat import ChatRequest
+    from tokenswift_cli.runs.output import read_prefix
+
+    sources = (("--prefix", prefix), ("--prompt", prompt), ("--prompt-file", prompt_file))
+    given = [name for name, value in sources if value is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            "say what to write: --prefix FILE (a text to continue) or --prompt TEXT / --prompt-file FILE (a request)"
+            if not given
+            else f"use one of {' and '.join(given)}, not both"
+        )
+    if system is not None and prefix is not None:
+        raise ConfigError("--system goes with --prompt or --prompt-file, not --prefix")
+    if prefix is not None:
+        return read_prefix(prefix), None
+    request = prompt if prompt is not None else read_prefix(str(prompt_file), what="prompt")
+    return None, ChatRequest(prompt=request, system=system)

@@ -11,7 +11,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,12 @@ from tokenswift_cli import __version__
 from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
 from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
 from tokenswift_cli.model import memory
+from tokenswift_cli.model.chat import ChatRequest, prompt_tokens
 from tokenswift_cli.model.rope import plan_rope
 from tokenswift_cli.runs import store as runs
 from tokenswift_cli.runs.checkpoint import Checkpointer, CheckpointError, read_manifest, restore
 from tokenswift_cli.runs.durable import RunLock, write_atomic
+from tokenswift_cli.runs.output import Output, resume_hint
 from tokenswift_cli.runs.progress import QuietRenderer, Renderer
 from tokenswift_cli.runs.run_model import (
     RunModel,
@@ -36,6 +37,7 @@ from tokenswift_cli.runs.run_model import (
     unscaled,
 )  # fmt: skip
 from tokenswift_cli.runs.session import Session, StopSignals, TextSink
+from tokenswift_cli.runs.stops import StopMatcher
 from tokenswift_cli.runs.textstream import TextStream, tokenizer_decoder
 
 
@@ -47,64 +49,13 @@ def use_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-@dataclass(frozen=True)
-class Output:
-    """Where the text goes besides stdout and the run folder, how often to checkpoint, how much to say."""
-
-    out: Path | None = None
-    checkpoint_every: int = 512
-    quiet: bool = False
-
-    def __post_init__(self) -> None:
-        if self.checkpoint_every < 1:
-            raise ConfigError("--checkpoint-every must be >= 1")
-
-    def check(self) -> None:
-        """Refuse an --out file that cannot be created, before any run folder is."""
-        if self.out is not None and not self.out.expanduser().absolute().parent.is_dir():
-            raise ConfigError(f"cannot write {self.out}: its folder does not exist")
-        if self.out is not None and self.out.is_dir():
-            raise ConfigError(f"cannot write {self.out}: it is a folder")
-
-
 DEFAULT_MODEL = ModelSpec()
 DEFAULT_OUTPUT = Output()
-
-
-def read_prefix(source: str) -> str:
-    """The prefix text from a file or `-` (stdin); refuses missing, empty, binary or non-UTF-8 input."""
-    name = "from standard input" if source == "-" else source
-    try:
-        if source == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            path = Path(source).expanduser()
-            if not path.exists():
-                raise ConfigError(f"prefix file not found: {source}")
-            if path.is_dir():
-                raise ConfigError(f"the prefix {source} is a folder, not a text file")
-            data = path.read_bytes()
-    except OSError as error:
-        raise ConfigError(f"cannot read the prefix {name} ({error.strerror or error})") from None
-    if not data.strip():
-        raise ConfigError(f"the prefix {name} is empty")
-    if b"\0" in data:
-        raise ConfigError(f"the prefix {name} is a binary file, not text")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"the prefix {name} is not UTF-8 text") from None
-    return text.removeprefix("\ufeff")
 
 
 def _reporting(output: Output, renderer: Renderer | None) -> Renderer:
     """`renderer`, silenced by `output.quiet`."""
     return QuietRenderer() if renderer is None or output.quiet else renderer
-
-
-def _hint(run_dir: Path, runs_dir: Path | None) -> str:
-    extra = f" --runs-dir {runs.runs_root(runs_dir)}" if runs_dir is not None else ""
-    return f"resume with: tokenswift resume {run_dir.name}{extra}"
 
 
 @contextlib.contextmanager
@@ -136,10 +87,23 @@ def _session(
     echo = renderer.text if renderer.takes_text else None
     return Session(
         run_dir=run_dir, cfg=cfg, target=loaded.target, heads=loaded.heads, eos_ids=loaded.eos_ids, state=state,
-        stream=stream, sink=TextSink(run_dir / runs.TEXT, keep_bytes=keep_bytes, out=output.out, echo=echo),
+        stream=stream, sink=TextSink(
+            run_dir / runs.TEXT, keep_bytes=keep_bytes, out=output.out, echo=echo, out_mirrors=output.out_mirrors
+        ),
         checkpointer=Checkpointer(run_dir, fingerprints=fingerprints), renderer=renderer,
-        every=output.checkpoint_every, resume_hint=_hint(run_dir, runs_dir),
+        every=output.checkpoint_every, resume_hint=resume_hint(run_dir, runs_dir, output.command),
+        stops=StopMatcher(cfg.stop, _text_tail(run_dir / runs.TEXT, keep_bytes, cfg.stop)),
     )  # fmt: skip
+
+
+def _text_tail(path: Path, keep_bytes: int | None, stops: Sequence[str]) -> str:
+    """The end of the text a resumed run keeps: a --stop string may have begun there."""
+    if not stops or not keep_bytes or not path.exists():
+        return ""
+    with path.open("rb") as file:
+        start = max(0, keep_bytes - 4 * max(len(s) for s in stops))
+        file.seek(start)
+        return file.read(keep_bytes - start).decode("utf-8", errors="ignore")
 
 
 # ---- the two commands ----
@@ -147,7 +111,8 @@ def _session(
 
 def write(
     *,
-    prefix: str,
+    prefix: str | None = None,
+    request: ChatRequest | None = None,
     config: RunConfig,
     model: ModelSpec = DEFAULT_MODEL,
     heads: str = "default",
@@ -155,7 +120,8 @@ def write(
     output: Output = DEFAULT_OUTPUT,
     renderer: Renderer | None = None,
 ) -> int:
-    """Start a run: write `config.max_new_tokens` tokens after `prefix`. Returns the exit code.
+    """Start a run: write `config.max_new_tokens` tokens after `prefix`, or answering `request` through
+    the model's chat template (exactly one of them). Returns the exit code.
 
     `renderer` shows the run's progress and notes (the command line's panel); None says nothing."""
     root = runs.runs_root(runs_dir)
@@ -163,7 +129,11 @@ def write(
     output.check()
     renderer = _reporting(output, renderer)
     loaded = load_run_model(unscaled(model), heads, config, renderer.note)
-    prompt = loaded.tokenizer(prefix)["input_ids"]
+    if (prefix is None) == (request is None):
+        raise ConfigError("write needs a prefix or a request, not both")
+    prefix = request.render(loaded.tokenizer) if request is not None else prefix
+    assert prefix is not None
+    prompt = prompt_tokens(loaded.tokenizer, prefix, templated=request is not None)
     if not prompt:
         raise ConfigError("the prefix has no tokens")
     config = fit_kv_cache(fit_window(config, model, loaded.target, len(prompt)), loaded.target)
@@ -177,7 +147,11 @@ def write(
             "run_config": config.to_dict(),
             "model": loaded.settings,
             "heads": loaded.heads_settings,
-            "prefix": {"file": runs.PREFIX, "tokens": len(prompt), "bytes": len(prefix.encode())},
+            "output": {"out": str(output.out.expanduser().absolute()) if output.out else None},  # resume continues it
+            "prefix": {
+                "file": runs.PREFIX, "tokens": len(prompt), "bytes": len(prefix.encode()),
+                "request": request.to_dict() if request is not None else None,  # the prefix is its template
+            },  # fmt: skip
         }
         write_atomic(run_dir / runs.PREFIX, prefix.encode())
         runs.write_settings(run_dir, settings)
@@ -200,6 +174,8 @@ def _check_resumable(run_dir: Path, manifest: dict[str, Any] | None, cfg: RunCon
     """The new target; refuses a complete run (unless `tokens` raises the target) or a damaged one."""
     info = (manifest or {}).get("state", {})
     generated, name = info.get("emitted", 0), run_dir.name
+    if info.get("eos_seen") and cfg.stop:
+        raise CheckpointError(f"{name} is complete: its text ended at a --stop string or end-of-sequence token")
     if info.get("eos_seen") and cfg.stop_at_eos:
         raise CheckpointError(f"{name} is complete: it ended at the end-of-sequence token (--stop-at-eos)")
     target = tokens if tokens is not None else cfg.max_new_tokens
@@ -226,7 +202,8 @@ def _record_done(run_dir: Path, manifest: dict[str, Any], *, quiet: bool) -> int
     os.truncate(run_dir / runs.TEXT, manifest["state"]["text_bytes"])
     runs.set_status(run_dir, "done")
     if not quiet:
-        print(f"{run_dir.name} is complete: it stopped after its last checkpoint; now recorded as done", file=sys.stderr)
+        message = f"{run_dir.name} is complete: it stopped after its last checkpoint; now recorded as done"
+        print(message, file=sys.stderr)
     return 0
 
 
@@ -261,6 +238,7 @@ def resume(
         if manifest is not None and stopped and _complete(run_dir, manifest, cfg, tokens):
             return _record_done(run_dir, manifest, quiet=output.quiet)
         cfg = cfg.replace(max_new_tokens=_check_resumable(run_dir, manifest, cfg, tokens))
+        output = output.continuing((settings.get("output") or {}).get("out"))
         renderer = _reporting(output, renderer)
         spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
         loaded = load_run_model(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
@@ -275,7 +253,8 @@ def resume(
         if manifest is None:  # stopped before its first checkpoint: start over from the prefix
             # Bytes, not read_text: newline translation would turn a "\r\n" prefix into other tokens.
             prefix = (run_dir / runs.PREFIX).read_bytes().decode("utf-8")
-            prompt = loaded.tokenizer(prefix)["input_ids"]
+            templated = settings["prefix"].get("request") is not None
+            prompt = prompt_tokens(loaded.tokenizer, prefix, templated=templated)
             state, stream, keep = prefill(loaded.target, prompt, cfg), TextStream(decode, prompt), 0
         else:
             target = loaded.target

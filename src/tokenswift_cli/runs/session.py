@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -24,6 +24,7 @@ from tokenswift_cli.model.target import Target
 from tokenswift_cli.runs import store as runs
 from tokenswift_cli.runs.checkpoint import Checkpointer, CheckpointError
 from tokenswift_cli.runs.progress import Progress, Renderer
+from tokenswift_cli.runs.stops import StopMatcher
 from tokenswift_cli.runs.textstream import TextStream
 
 SIGPIPE_EXIT = 141
@@ -37,7 +38,13 @@ class TextSink:
     """Writes each chunk to text.txt, --out and stdout (or the panel, when it shows the text)."""
 
     def __init__(
-        self, path: Path, *, keep_bytes: int | None, out: Path | None, echo: Callable[[str], None] | None
+        self,
+        path: Path,
+        *,
+        keep_bytes: int | None,
+        out: Path | None,
+        echo: Callable[[str], None] | None,
+        out_mirrors: bool = False,
     ) -> None:
         self.file: IO[bytes]
         if keep_bytes is None:
@@ -47,7 +54,7 @@ class TextSink:
             self.file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
             self.file.truncate(keep_bytes)
             self.file.seek(keep_bytes)
-        self.out = out.open("ab" if keep_bytes is not None else "wb") if out is not None else None
+        self.out = _open_out(out, path, keep_bytes, mirrors=out_mirrors) if out is not None else None
         self.echo = echo
         self.stdout: IO[bytes] | None = None if echo else sys.stdout.buffer
         self.broken = False  # stdout's reader went away
@@ -89,6 +96,24 @@ class TextSink:
         self.file.close()
         if self.out is not None:
             self.out.close()
+
+
+def _open_out(out: Path, text: Path, keep_bytes: int | None, *, mirrors: bool) -> IO[bytes]:
+    """--out for writing. A resumed run's own --out file (`mirrors`) holds its text: it continues from
+    the checkpoint, as text.txt does; another file gets only the new text, appended."""
+    if keep_bytes is None:
+        return out.open("wb")
+    if not mirrors:
+        return out.open("ab")
+    if out.exists() and out.stat().st_size >= keep_bytes:
+        file = out.open("r+b")
+        file.truncate(keep_bytes)
+        file.seek(keep_bytes)
+        return file
+    file = out.open("wb")  # missing or cut short: written again from the run's own text
+    with text.open("rb") as source:
+        file.write(source.read(keep_bytes))
+    return file
 
 
 class StopSignals:
@@ -138,9 +163,15 @@ class Session:
     renderer: Renderer
     every: int
     resume_hint: str
+    stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
 
     def emit(self, tokens: Sequence[int]) -> None:
-        self.sink.write(self.stream.push(tokens))
+        if self.state.eos_seen and self.cfg.stop:  # the text already ended at a --stop string
+            return
+        text, ended = self.stops.cut(self.stream.push(tokens))
+        self.sink.write(text)
+        if ended:  # the run is complete, as at an end-of-sequence token (recorded in the checkpoint)
+            self.state.eos_seen = True
 
     def progress(self) -> Progress:
         stats = self.state.stats
