@@ -99,7 +99,7 @@ def load() -> ModuleType:
     build = cache_dir() / "kernels" / name
     build.mkdir(parents=True, exist_ok=True)
     if not (build / f"{name}.so").is_file():
-        log.warning("building the C++ kernels for this CPU and compiler (about a minute, once) in %s", build)
+        log.warning("building the C++ kernels for this CPU and compiler once (a minute or two) in %s", build)
     return cpp_extension.load(
         name=name, sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
         build_directory=str(build), verbose=False,
