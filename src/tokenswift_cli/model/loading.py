@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -270,8 +271,9 @@ def _cached_conversion(gguf: Path) -> Path:
 
 def _convert_gguf(gguf: Path, dest: Path) -> PreTrainedModel:
     """De-quantise `gguf` and save it into `dest` as float32 safetensors + tokenizer."""
-    log.info("converting %s once; the copy goes to %s", gguf.name, dest.parent)
-    with _failing_as(f"cannot read {gguf}: damaged or unsupported GGUF"):
+    log.warning("converting the model %s once (a minute or two); the copy goes to %s", gguf.name, dest.parent)
+    # transformers reads the tensors under a tqdm bar of its own, which ignores its progress-bar switch
+    with _failing_as(f"cannot read {gguf}: damaged or unsupported GGUF"), contextlib.redirect_stderr(io.StringIO()):
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     check_supported(model.config.model_type)  # before caching a copy we would never load

@@ -1,9 +1,9 @@
 """The C++ kernels (csrc/), built with the machine's compiler on first use and cached.
 
 torch's extension loader compiles them with ninja (about a minute) into the cache folder, keyed by
-the sources (their bytes and where they are), flags and torch version; a later process loads the
-cached build at once. Without a
-compiler `available()` is False, a warning is logged once, and the callers keep their torch code.
+the sources (their bytes and where they are), flags, torch version, the CPU and the compiler; a later
+process loads the cached build at once. Without a compiler `available()` is False, a warning is
+logged once, and the callers keep their torch code.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ import functools
 import hashlib
 import logging
 import os
+import platform
+import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +30,7 @@ from tokenswift_cli.paths import cache_dir
 SOURCES = tuple(
     Path(__file__).with_name("csrc") / n for n in ("row_attention.cpp", "q8_logits.cpp", "decoder.cpp", "bindings.cpp")
 )
+HEADERS = (Path(__file__).with_name("csrc") / "simd.h",)
 # -ffp-contract=off: the compiler fuses no multiply-add on its own (see row_attention.cpp)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
 log = logging.getLogger(__name__)
@@ -47,14 +51,46 @@ def _warn_once(reason: str) -> None:
     log.warning("the C++ kernels did not compile (%s); using the slower torch code", reason)
 
 
-def build_dir() -> Path:
-    """The cache folder of this build, named for the sources (bytes and place), flags and torch version."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode())
+def cpu_identity() -> str:
+    """The CPU's instruction sets (what -march=native compiles for): its flags in /proc/cpuinfo, else its name."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):  # x86, ARM
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def compiler_identity() -> str:
+    """The compiler torch builds with ($CXX, else c++) and the first line of its `--version`."""
+    command = os.environ.get("CXX", "c++")
+    try:
+        done = subprocess.run(
+            [*shlex.split(command), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return command  # no compiler: the build fails and says why
+    return f"{command}: {(done.stdout.strip().splitlines() or [''])[0]}"
+
+
+def build_name() -> str:
+    """The cached build's name: a digest of everything that makes another build."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + " ".join(FLAGS).encode())
     digest.update(torch.__version__.encode())
     # ninja's build file names the sources by path: two checkouts sharing one folder would rebuild
     # each other's kernels at every load
     digest.update(str(SOURCES[0].parent.resolve()).encode())
-    return cache_dir() / "kernels" / f"tokenswift_kernels_{digest.hexdigest()[:12]}"
+    # -march=native: a home folder shared by two machines must not load a build with instructions
+    # the other CPU lacks, nor one from another compiler
+    digest.update(f"\0{cpu_identity()}\0{compiler_identity()}".encode())
+    return f"tokenswift_kernels_{digest.hexdigest()[:12]}"
+
+
+def build_dir() -> Path:
+    """The cache folder of this build."""
+    return cache_dir() / "kernels" / build_name()
 
 
 @functools.cache
@@ -69,6 +105,8 @@ def load() -> ModuleType:
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
     build = build_dir()
     build.mkdir(parents=True, exist_ok=True)
+    if not (build / f"{build.name}.so").is_file():
+        log.warning("building the C++ kernels for this CPU and compiler once (a minute or two) in %s", build)
     with _exclusive(build / ".tokenswift-lock"):
         # torch's own lock (the file `lock`, held while it builds or checks the build) outlives a
         # process killed meanwhile, and every later load would wait for it forever. Under this
