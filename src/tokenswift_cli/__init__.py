@@ -1,4 +1,4 @@
-"""tokenswift: write very long texts several times faster than plain decoding, losslessly (TokenSwift).
+"""tokenswift: write very long texts faster than plain decoding, losslessly (TokenSwift).
 
 The public API is small: `write()` and `resume()` (what the CLI runs), and the settings dataclasses.
 Heavy modules (torch, transformers) load on first use, so importing the package stays instant.

@@ -17,9 +17,9 @@ from tokenswift_cli.cli.errors import OneLineErrors
 app = typer.Typer(
     cls=OneLineErrors,
     name="tokenswift",
-    help="Write very long texts with a language model, several times faster than plain decoding, "
+    help="Write very long texts with a language model, faster than plain decoding, "
     "with exactly the text the model alone would write (TokenSwift).\n\n"
-    "Example: tokenswift write --prefix novel.txt --tokens 100k > book.txt",
+    'Example: tokenswift write --prompt "Write a long story about a lighthouse keeper" --tokens 20k > story.txt',
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
