@@ -6,7 +6,7 @@ this process (one thread): on a shared, overloaded machine only the latter compa
 Prints one JSON line per run and a summary table.
 
     .venv/bin/python heads/benchmark.py --prefix-tokens 1024 --tokens 500 \
-        ../shared/data/prefixes/*.txt
+        src/tokenswift_cli/data/texts/*.txt
 """
 
 from __future__ import annotations
