@@ -30,6 +30,8 @@ class Output:
         """On resume: the run's own --out file unless another is given."""
         if recorded is None or (self.out is not None and self.out.expanduser().absolute() != Path(recorded)):
             return self
+        if self.out is None and not Path(recorded).parent.is_dir():  # its folder is gone: text.txt has it all
+            return self
         return dataclasses.replace(self, out=Path(recorded), out_mirrors=True)
 
     def check(self) -> None:
