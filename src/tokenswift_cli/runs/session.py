@@ -166,8 +166,6 @@ class Session:
     stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
 
     def emit(self, tokens: Sequence[int]) -> None:
-        if self.state.eos_seen and self.cfg.stop:  # the text already ended at a --stop string
-            return
         text, ended = self.stops.cut(self.stream.push(tokens))
         self.sink.write(text)
         if ended:  # the run is complete, as at an end-of-sequence token (recorded in the checkpoint)

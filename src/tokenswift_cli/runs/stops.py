@@ -17,14 +17,18 @@ class StopMatcher:
         self.stops = tuple(stops)
         self._keep = max((len(s) for s in self.stops), default=1) - 1
         self._tail = tail[len(tail) - self._keep :] if self._keep else ""
+        self.ended = False  # nothing more is written once a stop string was
 
     def cut(self, chunk: str) -> tuple[str, bool]:
         """The part of `chunk` to write, and whether the text ends with it."""
+        if self.ended:
+            return "", True
         if not self.stops or not chunk:
             return chunk, False
         window = self._tail + chunk
         ends = [window.find(stop) + len(stop) for stop in self.stops if stop in window]
         if ends:  # a stop string wholly inside the tail was found when the tail arrived
+            self.ended = True
             return chunk[: min(ends) - len(self._tail)], True
         self._tail = window[len(window) - self._keep :] if self._keep else ""
         return chunk, False
