@@ -21,6 +21,7 @@ SourceArg = Annotated[
     typer.Argument(
         help="A text file, or a run (run-042, 42 or its folder): its text.txt, with prefix.txt as context. "
         "Several: one table, a line per source and one overall.",
+        metavar="SOURCE",
         show_default=False,
     ),
 ]
@@ -28,7 +29,7 @@ SourceArg = Annotated[
 
 def register(app: typer.Typer) -> None:
     """Add `eval` to the main app."""
-    epilog = "Examples: tokenswift eval run-003 --bucket 4096; tokenswift eval run-001 run-002 run-003"
+    epilog = "Example: tokenswift eval run-003 --bucket 4096 (several: tokenswift eval run-001 run-002 run-003)"
     app.command("eval", cls=Command, epilog=epilog)(eval_command)
 
 
