@@ -33,16 +33,20 @@ def _reference(query, sink_query, keys, values, layout: ra.RowLayout, scaling: f
     return out
 
 
-def _case(committed: int, window: int | None, first_recent: int, seed: int = 0, dim: int = 64):  # type: ignore[no-untyped-def]
+def _case(committed: int, window: int | None, first_recent: int, seed: int = 0, dim: int = 64, kept: int = 4):  # type: ignore[no-untyped-def]
     """Random rotated queries, sink queries and caches; head size 64 takes the kernel's compiled-in
     path for 4 vectors per row, other sizes its general one."""
     torch.manual_seed(seed)
-    sinks = 4 if window else 0
+    sinks = kept if window else 0
     stored = sinks + committed - first_recent
     query = torch.randn(1, HEADS, TREE.size, dim)
     keys, values = torch.randn(1, KV, stored + TREE.size, dim), torch.randn(1, KV, stored + TREE.size, dim)
     sink_query = torch.randn_like(query) if window else None
     return query, sink_query, keys, values, sinks
+
+
+# More kept tokens (`--keep`) than a block of keys, past the window or not: every kept block is read.
+KEPT_CASES = [(700, 100, 500, 150), (400, 200, 150, 150), (230, 64, 170, 130)]
 
 
 CASES = [(5, None, 0), (300, None, 0), (62, None, 0), (127, None, 0), (300, 100, 4), (700, 100, 500), (190, 64, 120)]
@@ -66,7 +70,20 @@ def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(
     committed: int, window: int | None, first_recent: int, threads: int, dim: int, storage: str
 ) -> None:
     """Also from a float16 cache, which a tree's many rows read through widened copies, a plain step directly."""
-    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=committed, dim=dim)
+    _assert_tree_rows_decode_alike(committed, window, first_recent, threads, dim, storage)
+
+
+@pytest.mark.parametrize(("committed", "window", "first_recent", "kept"), KEPT_CASES)
+def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone_with_many_kept(
+    committed: int, window: int, first_recent: int, kept: int
+) -> None:
+    _assert_tree_rows_decode_alike(committed, window, first_recent, 2, 64, "float16", kept=kept)
+
+
+def _assert_tree_rows_decode_alike(
+    committed: int, window: int | None, first_recent: int, threads: int, dim: int, storage: str, kept: int = 4
+) -> None:
+    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=committed, dim=dim, kept=kept)
     keys, values = keys.to(getattr(torch, storage)), values.to(getattr(torch, storage))
     first_recent = first_recent or sinks
     positions = committed + TREE.depths
@@ -89,6 +106,16 @@ def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(
             assert torch.equal(alone[:, 0], tree_out[:, row]), row
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("committed", "window", "first_recent", "kept"), KEPT_CASES)
+def test_row_attention_sees_every_kept_token(committed: int, window: int, first_recent: int, kept: int) -> None:
+    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, kept=kept)
+    layout = ra.RowLayout.build(committed + TREE.depths, committed, TREE.mask, window=window, sinks=sinks,
+                                first_recent=first_recent, block=64)  # fmt: skip
+    got = ra.row_attention(query, keys, values, layout, scaling=0.2, sink_query=sink_query)
+    torch.testing.assert_close(got.double(), _reference(query, sink_query, keys, values, layout, 0.2),
+                               atol=2e-6, rtol=1e-5)  # fmt: skip
 
 
 def test_row_attention_reads_strided_caches() -> None:

@@ -145,25 +145,52 @@ class DraftConfig:
 
 
 DEFAULT_SINKS = 4
+KEEP_PROMPT = "prompt"
+# `--keep`: how many first tokens stay attended under a context window, or the whole prompt.
+Keep = int | Literal["prompt"]
+KEEP_ERROR = "--keep takes a number of tokens (at least 1) or 'prompt'"
+
+
+def keep_error(keep: int, size: int, what: str = "") -> str:
+    """The one-line error for a kept part larger than the recent one (`what` names it, e.g. the prompt)."""
+    return (
+        f"--keep {what or keep} leaves {max(size, 0)} of the context window's {keep + max(size, 0)} positions "
+        f"for recent text ({keep} kept): keep at most half (a smaller --keep or prompt, or a larger --context-window)"
+    )
 
 
 @dataclass(frozen=True)
 class AutoWindow:
-    """A context window once a run outgrows the model's trained length (see `run_model.fit_window`):
-    of `size` tokens, or (None) of the trained length."""
+    """A context window fitted to the run by `run_model.fit_window`, which resolves `sinks` (a count, or
+    "prompt": the whole prompt) against the prompt.
 
-    sinks: int = DEFAULT_SINKS
+    It holds `size` recent tokens, or (None) the rest of `span` positions (None: the trained length)
+    after the kept ones. It applies once a run outgrows the trained length, or always (`always`: an
+    explicit `--context-window` whose kept part is the prompt).
+    """
+
+    sinks: Keep = DEFAULT_SINKS
     size: int | None = None
+    span: int | None = None
+    always: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.sinks == KEEP_PROMPT or (isinstance(self.sinks, int) and self.sinks >= 1), KEEP_ERROR)
+        _check(not self.always or self.size is not None, "an explicit context window needs its size")
+        if self.size is not None and isinstance(self.sinks, int):
+            _check(self.sinks <= self.size, keep_error(self.sinks, self.size))
 
 
 @dataclass(frozen=True)
 class ContextWindow:
-    """Attention to the first `sinks` positions and the last `size` ones only (StreamingLLM).
+    """Attention to the first `sinks` positions and the last `size` ones only (StreamingLLM's attention
+    sinks; llama.cpp's `--keep`, which `--keep` sets: with "prompt", the whole prompt).
 
     A token at position p sees positions p - size < j <= p and the sinks; the sinks are seen as if
     they sat just before the window (RoPE is relative: their distance never exceeds sinks + size),
     so no distance ever exceeds what the model was trained on and the cost per token stops growing.
-    Part of the target model: plain and accelerated decoding apply the same one.
+    The kept part is at most half the span. Part of the target model: plain and accelerated decoding
+    apply the same one.
     """
 
     size: int
@@ -171,7 +198,8 @@ class ContextWindow:
 
     def __post_init__(self) -> None:
         _check(self.size >= 16, "the context window must hold at least 16 tokens")
-        _check(1 <= self.sinks <= self.size, "a context window needs from 1 to its size sink tokens")
+        _check(self.sinks >= 1, KEEP_ERROR)
+        _check(self.sinks <= self.size, keep_error(self.sinks, self.size))
 
     @property
     def span(self) -> int:
@@ -239,7 +267,9 @@ class RunConfig:
         draft = DraftConfig(**data.pop("draft"))
         window = data.pop("window", None)
         data.setdefault("kv_cache", "model")  # runs recorded before the option stored what the model computes
-        resolved = None if not window else ContextWindow(**window) if "size" in window else AutoWindow(**window)
+        # A resolved window records its size and sinks (what `--keep` resolved to); an unresolved one, `always`.
+        auto = window and ("always" in window or "size" not in window)
+        resolved = None if not window else AutoWindow(**window) if auto else ContextWindow(**window)
         return cls(sampling=sampling, draft=draft, window=resolved, **data)
 
     def replace(self, **changes: Any) -> RunConfig:

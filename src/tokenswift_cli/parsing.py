@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from tokenswift_cli.config import AutoWindow, ConfigError, ContextWindow
+from tokenswift_cli.config import KEEP_ERROR, KEEP_PROMPT, AutoWindow, ConfigError, ContextWindow, Keep
 from tokenswift_cli.sampling.defaults import automatic_window
 
 _TOKENS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kKmM]?)")
@@ -41,12 +41,24 @@ def parse_tree(text: str) -> tuple[int, ...]:
     return widths
 
 
-def parse_window(text: str, sinks: int, model: str = "default") -> ContextWindow | AutoWindow | None:
-    """`--context-window`: "auto" (the model's measured default), "none" or a size (sinks not included)."""
+def parse_keep(text: str) -> Keep:
+    """`--keep`: a token count (`4`, `1k`) or "prompt" (the whole prompt)."""
+    if text.strip().lower() == KEEP_PROMPT:
+        return "prompt"
+    try:
+        return parse_tokens(text)
+    except ConfigError:
+        raise ConfigError(f"bad --keep {text!r}: {KEEP_ERROR.removeprefix('--keep ')}") from None
+
+
+def parse_window(text: str, keep: Keep, model: str = "default") -> ContextWindow | AutoWindow | None:
+    """`--context-window`: "auto" (the model's measured default), "none" or a size (the kept tokens not
+    included); `keep` as `parse_keep` gives it."""
     choice = text.strip().lower()
     if choice in ("auto", "none"):
-        return None if choice == "none" else automatic_window(model, sinks)
-    return ContextWindow(size=parse_tokens(text), sinks=sinks)
+        return None if choice == "none" else automatic_window(model, keep)
+    size = parse_tokens(text)
+    return ContextWindow(size=size, sinks=keep) if isinstance(keep, int) else AutoWindow(keep, size, always=True)
 
 
 def off_if_zero(value: int | None) -> int | None:

@@ -23,6 +23,7 @@ from tokenswift_cli.config import (
     DEFAULT_SINKS,
     DraftConfig,
     DType,
+    Keep,
     KVCache,
     ModelSpec,
     RunConfig,
@@ -74,7 +75,7 @@ class BenchRequest:
     threads: int | None = None
     quick: bool = False
     context_window: str | None = None
-    sinks: int = DEFAULT_SINKS
+    keep: Keep = DEFAULT_SINKS
     kv_cache: str | None = None
 
     def cases(self) -> tuple[Case, ...]:
@@ -120,7 +121,7 @@ class BenchRequest:
         window = self.context_window or ("none" if exact else "auto")
         return RunConfig(
             max_new_tokens=max(case.new_tokens for case in self.cases()), sampling=self.sampling_config(),
-            draft=draft, window=parse_window(window, self.sinks, self.model_name),
+            draft=draft, window=parse_window(window, self.keep, self.model_name),
             kv_cache=cast(KVCache, self.kv_cache or ("model" if exact else "auto")),
         )  # fmt: skip
 

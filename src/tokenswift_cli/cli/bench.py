@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from tokenswift_cli.cli.help import Command
+from tokenswift_cli.parsing import parse_keep
 
 EXAMPLE = "Example: tokenswift bench --lengths 512,2k --contexts 2k,8k --sampling greedy --out results/"
 
@@ -87,23 +88,28 @@ def bench_command(
     name: Annotated[str, typer.Option(help="Base name of the result files.")] = "bench",
     quick: Annotated[bool, typer.Option("--quick", help="A tiny random model and short cases (seconds).")] = False,
     context_window: Annotated[str | None, typer.Option(help=_HELP_WINDOW, show_default=False)] = None,
-    sinks: Annotated[int, typer.Option(min=1, help="Sink tokens of --context-window.")] = 4,
+    keep: Annotated[
+        str,
+        typer.Option(
+            "--keep", "--sinks", help="First prefix tokens kept in view under --context-window, or 'prompt' (all)."
+        ),
+    ] = "4",
     kv_cache: Annotated[str | None, typer.Option(help=_HELP_KV, show_default=False)] = None,
 ) -> None:
     """Measure plain decoding, TokenSwift, generate(), prompt lookup and llama.cpp on the same prefixes, interleaved."""
     from tokenswift_cli.bench.models import BenchRequest
     from tokenswift_cli.bench.run import run_bench
 
-    request = BenchRequest(
-        model=model, dtype=dtype, weights=weights, heads=heads, lengths=tuple(parse_counts(lengths)),
-        length_context=parse_count(length_context), contexts=tuple(parse_counts(contexts)),
-        context_tokens=parse_count(context_tokens), prefix_file=prefix_file,
-        methods=None if methods == "auto" else tuple(m.strip() for m in methods.split(",") if m.strip()),
-        sampling=sampling, seed=seed,
-        draft=draft, tree=tree, ngram_top_k=ngram_top_k, repeats=repeats, threads=threads, quick=quick,
-        context_window=context_window, sinks=sinks, kv_cache=kv_cache,
-    )  # fmt: skip
     try:
+        request = BenchRequest(
+            model=model, dtype=dtype, weights=weights, heads=heads, lengths=tuple(parse_counts(lengths)),
+            length_context=parse_count(length_context), contexts=tuple(parse_counts(contexts)),
+            context_tokens=parse_count(context_tokens), prefix_file=prefix_file,
+            methods=None if methods == "auto" else tuple(m.strip() for m in methods.split(",") if m.strip()),
+            sampling=sampling, seed=seed,
+            draft=draft, tree=tree, ngram_top_k=ngram_top_k, repeats=repeats, threads=threads, quick=quick,
+            context_window=context_window, keep=parse_keep(keep), kv_cache=kv_cache,
+        )  # fmt: skip
         run_bench(request, out_dir=out, name=name)
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)

@@ -17,9 +17,11 @@ from tokenswift_cli.cli.help import Command
 from tokenswift_cli.cli.options import DeviceOpt, DTypeOpt, JsonOpt, ModelOpt, RunsDirOpt, WeightsOpt
 
 SourceArg = Annotated[
-    str,
+    list[str],
     typer.Argument(
-        help="A text file, or a run (run-042, 42 or its folder): its text.txt, with prefix.txt as context.",
+        help="A text file, or a run (run-042, 42 or its folder): its text.txt, with prefix.txt as context. "
+        "Several: one table, a line per source and one overall.",
+        metavar="SOURCE",
         show_default=False,
     ),
 ]
@@ -27,11 +29,12 @@ SourceArg = Annotated[
 
 def register(app: typer.Typer) -> None:
     """Add `eval` to the main app."""
-    app.command("eval", cls=Command, epilog="Example: tokenswift eval run-003 --bucket 4096")(eval_command)
+    epilog = "Example: tokenswift eval run-003 --bucket 4096 (several: tokenswift eval run-001 run-002 run-003)"
+    app.command("eval", cls=Command, epilog=epilog)(eval_command)
 
 
 def eval_command(
-    source: SourceArg,
+    sources: SourceArg,
     model: ModelOpt = "default",
     dtype: DTypeOpt = "auto",
     weights: WeightsOpt = "dense",
@@ -54,44 +57,59 @@ def eval_command(
         str,
         typer.Option("--context-window", help="none or a size such as 4092: the engine's window, for --full-context."),
     ] = "none",
-    sinks: Annotated[int, typer.Option("--sinks", min=1, help="Sink tokens of --context-window.")] = 4,
+    keep: Annotated[
+        int, typer.Option("--keep", "--sinks", min=1, help="First tokens kept in view under --context-window.")
+    ] = 4,
     perplexity: Annotated[bool, typer.Option("--perplexity/--no-perplexity", help="Load the model for NLL.")] = True,
     runs_dir: RunsDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Measure a text: perplexity by position, Distinct-1..4, repeated sentences, compression ratio."""
+    """Measure a text: perplexity by position, Distinct-1..4, repeated sentences, compression ratio (several
+    texts: one line each, with a run's recorded speed, and one overall)."""
     with errors():
         from tokenswift_cli.config import ContextWindow, ModelSpec
         from tokenswift_cli.parsing import parse_tokens
         from tokenswift_cli.quality.report import EvalWindows, evaluate_text, markdown
+        from tokenswift_cli.quality.summary import overall, row, run_speed, summary_markdown
 
-        text, context = _find_text(source, prefix, runs_dir)
         spec = ModelSpec(name=model, dtype=dtype, device=device, weights=weights,  # type: ignore[arg-type]
                          rope_scaling=rope_scaling, rope_factor=rope_factor)  # type: ignore[arg-type]  # fmt: skip
-        chosen = (
-            None if context_window.strip().lower() == "none" else ContextWindow(parse_tokens(context_window), sinks)
-        )
+        chosen = None if context_window.strip().lower() == "none" else ContextWindow(parse_tokens(context_window), keep)
         windows = EvalWindows(bucket, distinct_window, None if full_context else window, min(stride, window), chosen)
-        head, report = evaluate_text(text, spec, context=context, windows=windows, perplexity=perplexity)
-    if json_out:
-        typer.echo(json.dumps({"source": source, **head, **report.to_dict()}, indent=1))
+        found = [(source, *_find_text(source, prefix, runs_dir)) for source in sources]
+        reports = [
+            (source, run, *evaluate_text(text, spec, context=context, windows=windows, perplexity=perplexity))
+            for source, text, context, run in found
+        ]
+    if len(reports) == 1:
+        source, _, head, report = reports[0]
+        if json_out:
+            typer.echo(json.dumps({"source": source, **head, **report.to_dict()}, indent=1))
+            return
+        typer.echo(" ".join(f"{k}={v}" for k, v in {"source": source, **head}.items()))
+        typer.echo(markdown(report))
         return
-    typer.echo(" ".join(f"{k}={v}" for k, v in {"source": source, **head}.items()))
-    typer.echo(markdown(report))
+    rows = [row(source, report, run_speed(run)) for source, run, _, report in reports]
+    if json_out:
+        runs = [{"source": s, **head, **report.to_dict(), "summary": r.to_dict()}
+                for (s, _, head, report), r in zip(reports, rows, strict=True)]  # fmt: skip
+        typer.echo(json.dumps({"runs": runs, "overall": overall(rows).to_dict()}, indent=1))
+        return
+    typer.echo(summary_markdown(rows))
 
 
-def _find_text(source: str, prefix: Path | None, runs_dir: Path | None) -> tuple[str, str]:
-    """(text, context before it) of a text file or a run."""
+def _find_text(source: str, prefix: Path | None, runs_dir: Path | None) -> tuple[str, str, Path | None]:
+    """(text, context before it, the run's folder: None for a file) of a text file or a run."""
     from tokenswift_cli.config import ConfigError
     from tokenswift_cli.runs import store as runs
 
     path = Path(source).expanduser()
     context = prefix.read_text(encoding="utf-8") if prefix is not None else ""
     if path.is_file():
-        return path.read_text(encoding="utf-8"), context
+        return path.read_text(encoding="utf-8"), context, None
     if not path.exists() and (path.suffix or "/" in source):  # a file's name, not a run's
         raise ConfigError(f"no such file: {source}")
     run = runs.resolve_run(runs.runs_root(runs_dir), source)
     if prefix is None and (run / runs.PREFIX).is_file():
         context = (run / runs.PREFIX).read_text(encoding="utf-8")
-    return (run / runs.TEXT).read_text(encoding="utf-8"), context
+    return (run / runs.TEXT).read_text(encoding="utf-8"), context, run

@@ -111,8 +111,9 @@ ContextWindowOpt = Annotated[
     str,
     typer.Option(
         "--context-window",
-        help="auto (once a run outgrows the model's trained length: the last 4,092 tokens + --sinks for the "
-        "embedded model, the trained length for others), none (full context, YaRN), or a size such as 4k.",
+        help="auto (once a run outgrows the model's trained length: for the embedded model the --keep tokens "
+        "and the last 4,092 tokens, fewer as --keep grows, 4,096 in all; the trained length for others), none "
+        "(full context, YaRN), or a size such as 4k (the recent tokens, --keep not included).",
         rich_help_panel=_MODEL,
     ),
 ]
@@ -125,9 +126,15 @@ KVCacheOpt = Annotated[
         rich_help_panel=_MODEL,
     ),
 ]
-SinksOpt = Annotated[
-    int, typer.Option("--sinks", min=1, help="First tokens every token attends to under a context window.",
-                      rich_help_panel=_MODEL),
+KeepOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--keep", "--sinks",
+        help="Under a context window, the first N tokens of the prompt every token still attends to, or "
+        "'prompt' (all of it), as llama.cpp's --keep. Default: prompt with --prompt, 4 with --prefix. "
+        "At most half the window; recorded with the run. (--sinks: its old name.)",
+        show_default=False, rich_help_panel=_MODEL,
+    ),
 ]  # fmt: skip
 RopeFactorOpt = Annotated[
     float | None,

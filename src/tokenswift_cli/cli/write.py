@@ -28,6 +28,7 @@ from tokenswift_cli.cli.options import (
     DTypeOpt,
     EtaOpt,
     HeadsOpt,
+    KeepOpt,
     KVCacheOpt,
     LookupOpt,
     MinPOpt,
@@ -47,7 +48,6 @@ from tokenswift_cli.cli.options import (
     RunsDirOpt,
     ScriptsOpt,
     SeedOpt,
-    SinksOpt,
     StopAtEosOpt,
     StopOpt,
     SystemOpt,
@@ -73,7 +73,7 @@ from tokenswift_cli.config import (
     SamplingConfig,
     Weights,
 )
-from tokenswift_cli.parsing import off_if_zero, parse_tokens, parse_tree, parse_window
+from tokenswift_cli.parsing import off_if_zero, parse_keep, parse_tokens, parse_tree, parse_window
 from tokenswift_cli.sampling.defaults import default_sampling
 from tokenswift_cli.sampling.scripts import parse_scripts
 
@@ -108,7 +108,7 @@ def write(
     rope_scaling: RopeScalingOpt = "auto",
     rope_factor: RopeFactorOpt = None,
     context_window: ContextWindowOpt = "auto",
-    sinks: SinksOpt = DEFAULT_SINKS,
+    keep: KeepOpt = None,
     kv_cache: KVCacheOpt = "auto",
     temperature: TemperatureOpt = None,
     top_p: TopPOpt = None,
@@ -152,10 +152,13 @@ def write(
             tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget),
             lookup_length=off_if_zero(lookup),
         ).drafting(draft)  # fmt: skip
+        # A request stays in view whole by default (issue 24); a text to continue keeps its first tokens.
+        asked = prompt is not None or prompt_file is not None
+        kept = parse_keep(keep) if keep is not None else "prompt" if asked else DEFAULT_SINKS
         # The Literal-typed fields are checked by the configs themselves (one-line ConfigError).
         config = RunConfig(
             max_new_tokens=parse_tokens(tokens), mode=cast(Mode, mode), stop_at_eos=stop_at_eos, sampling=sampling,
-            draft=drafting, window=parse_window(context_window, sinks, model), kv_cache=cast(KVCache, kv_cache),
+            draft=drafting, window=parse_window(context_window, kept, model), kv_cache=cast(KVCache, kv_cache),
             stop=tuple(stop or ()),
         )  # fmt: skip
         spec = ModelSpec(

@@ -13,7 +13,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenswift_cli.config import AutoWindow, ConfigError, ContextWindow, ModelSpec, RunConfig, SamplingConfig
+from tokenswift_cli.config import (
+    AutoWindow,
+    ConfigError,
+    ContextWindow,
+    ModelSpec,
+    RunConfig,
+    SamplingConfig,
+    keep_error,
+)
 from tokenswift_cli.engine.state import kv_storage
 from tokenswift_cli.model import memory
 from tokenswift_cli.model.heads import SHIPPED, DraftHeads, load_heads, shipped_heads
@@ -108,20 +116,37 @@ def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) 
     """`config` with its context window resolved. `AutoWindow` (with rope scaling "auto") gives a run
     that outgrows the model's trained length a window (of the trained length unless it says smaller),
     so that no distance exceeds what the model was trained on; a shorter run, or an explicit rope
-    choice, gets none. A windowed run prefills in chunks of `WINDOWED_PREFILL_CHUNK` tokens at most."""
+    choice, gets none. The kept tokens are at most the `prefix` ones (as llama.cpp's `--keep`): they
+    are all cached once the prefill is done. A windowed run prefills in chunks of
+    `WINDOWED_PREFILL_CHUNK` tokens at most."""
     choice = config.window
     if isinstance(choice, AutoWindow):
-        trained = trained_length(target.model.config)
-        outgrows = prefix + config.max_new_tokens > trained
-        fits = outgrows and spec.rope_scaling == "auto" and target.lean
-        size = min(choice.size or trained - choice.sinks, trained - choice.sinks)
-        choice = ContextWindow(size=size, sinks=choice.sinks) if fits else None
+        choice = _fit_auto(choice, config, target, prefix, fits=spec.rope_scaling == "auto" and target.lean)
+    elif choice is not None:
+        choice = dataclasses.replace(choice, sinks=min(choice.sinks, prefix))
     if choice is None:
         return config.replace(window=None)
     # A long run's prefill in short chunks: a 512-token chunk over a 4K window held ~300 MiB of
     # attention temporaries at its peak, a 128-token one ~50 MiB, a 64-token one half that, for 3%
     # more prefill time (measured: benchmarks/README.md).
     return config.replace(window=choice, prefill_chunk=min(config.prefill_chunk, WINDOWED_PREFILL_CHUNK))
+
+
+def _fit_auto(
+    choice: AutoWindow, config: RunConfig, target: Target, prefix: int, *, fits: bool
+) -> ContextWindow | None:
+    """The window `choice` gives a run of `prefix` + `config.max_new_tokens` tokens (None: none)."""
+    trained = trained_length(target.model.config)
+    outgrows = prefix + config.max_new_tokens > trained
+    if not choice.always and not (outgrows and fits):
+        return None
+    whole = not isinstance(choice.sinks, int)  # "prompt"
+    keep = prefix if whole else min(int(choice.sinks), prefix)
+    size = choice.size if choice.always else min(choice.size or (choice.span or trained) - keep, trained - keep)
+    assert size is not None
+    if keep > size:
+        raise ConfigError(keep_error(keep, size, f"prompt (the whole prompt: {keep} tokens)" if whole else ""))
+    return ContextWindow(size=size, sinks=keep)
 
 
 def fit_kv_cache(config: RunConfig, target: Target) -> RunConfig:

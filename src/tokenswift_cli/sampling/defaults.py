@@ -51,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from tokenswift_cli.config import AutoWindow, SamplingConfig
+from tokenswift_cli.config import DEFAULT_SINKS, AutoWindow, Keep, SamplingConfig
 
 EMBEDDED = SamplingConfig(
     temperature=1.0, min_p=0.1, penalty=1.1, penalty_window=1024, dry_multiplier=1.5, dry_base=1.2, scripts=("auto",)
@@ -70,9 +70,14 @@ def default_sampling(model_name: str = "default") -> SamplingConfig:
 EMBEDDED_WINDOW_SPAN = 4096
 
 
-def automatic_window(model_name: str = "default", sinks: int = 4) -> AutoWindow:
-    """`--context-window auto`: measured for the embedded model; the trained length for others."""
-    return AutoWindow(sinks=sinks, size=EMBEDDED_WINDOW_SPAN - sinks if model_name == "default" else None)
+def automatic_window(model_name: str = "default", sinks: Keep = DEFAULT_SINKS) -> AutoWindow:
+    """`--context-window auto`: measured for the embedded model; the trained length for others. The kept
+    tokens (`--keep`) count in the span: the more are kept, the fewer recent ones."""
+    if model_name != "default":
+        return AutoWindow(sinks=sinks)
+    if isinstance(sinks, int):
+        return AutoWindow(sinks=sinks, size=EMBEDDED_WINDOW_SPAN - sinks)
+    return AutoWindow(sinks=sinks, span=EMBEDDED_WINDOW_SPAN)  # "prompt": sized once the prompt is known
 
 
 def suppressed_ids(sampling: SamplingConfig, eos_ids: Sequence[int], *, stop_at_eos: bool) -> SamplingConfig:

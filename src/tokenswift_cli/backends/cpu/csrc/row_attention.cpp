@@ -339,7 +339,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
   const float scale = static_cast<float>(scaling);
   const int64_t min_lowest = *std::min_element(at.lowest, at.lowest + rows);
   std::vector<int64_t> blocks;  // the blocks of absolute positions some row sees, in order
-  if (sinks > 0) blocks.push_back(0);
+  for (int64_t b = 0; b * block < sinks; ++b) blocks.push_back(b);  // the kept positions (--keep), however many
   for (int64_t b = (min_lowest + offset) / block; b <= (committed + at.depths - 1) / block; ++b)
     if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
   const int64_t nb = static_cast<int64_t>(blocks.size()), nodes = keys.size(1) - stored;
