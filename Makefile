@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TOKENS ?= 2k
 
-.PHONY: install test demo lint clean
+.PHONY: install test test-gpu demo lint clean
 
 install: $(STAMP)
 
@@ -32,3 +32,7 @@ lint: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The GPU tests (a CUDA device; elsewhere they skip): bit-equality of the padded backend, TokenSwift == plain.
+test-gpu: install
+	$(PY) -m pytest -q -m gpu

@@ -58,3 +58,13 @@ def _isolated_home(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("TOKENSWIFT_HOME", str(tmp_path / "home"))
     # Another job on the machine? TOKENSWIFT_TEST_THREADS=1 keeps the tests off its core.
     torch.set_num_threads(int(os.environ.get("TOKENSWIFT_TEST_THREADS", "2")))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` skip where no CUDA device is (CI); `pytest -m gpu` runs only them."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -154,3 +154,14 @@ def test_choose_falls_back_to_the_full_cdf_on_nan_or_no_finite_score() -> None:
         assert choose(logits, context, position, cfg) == reference_choose(logits, context, position, cfg)
     every = SamplingConfig(temperature=1.0, suppress_token_ids=(0, 1, 2, 3))
     assert choose(logits, context, 7, every) == reference_choose(logits, context, 7, every)
+
+
+def test_the_full_cdf_draw_keeps_its_tokens_with_its_target_made_on_the_device() -> None:
+    """`_draw_full` forms u * total as a tensor beside the CDF (no CPU tensor against a GPU CDF): same tokens."""
+    torch.manual_seed(5)
+    for _ in range(200):
+        scores = torch.randn(3000) * 4
+        u = float(torch.rand(()))
+        cdf = torch.softmax(scores.double(), dim=-1).cumsum(0)
+        before = min(int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype))), 2999)
+        assert sampling._draw_full(scores, u) == before

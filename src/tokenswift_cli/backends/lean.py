@@ -8,6 +8,7 @@ windows; other models take the stock backend.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +56,10 @@ class Attention(Protocol):
         over `keys`/`values` `[1, kv_heads, stored + q, d]`."""
         ...
 
+    def to(self, device: torch.device) -> Attention:
+        """The same attention with its tensors on `device` (a layer on another device, `--device auto`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class FastAttention:
@@ -69,6 +74,13 @@ class FastAttention:
 
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return module(x)
+
+    def to(self, device: torch.device) -> FastAttention:
+        mask, rotation = self.block_mask, self.sink_rotation
+        return dataclasses.replace(
+            self, positions=self.positions.to(device), block_mask=None if mask is None else mask.to(device),
+            sink_rotation=None if rotation is None else (rotation[0].to(device), rotation[1].to(device)),
+        )  # fmt: skip
 
     def sink_query(self, raw_query: torch.Tensor) -> torch.Tensor | None:
         """The query rotated as if the sinks sat just before its window (None: no rotation asked)."""
@@ -159,9 +171,18 @@ class LeanBackend(Backend):
         attention: Attention,
         capture: QueryCapture | None,
     ) -> Forward:
-        """Every decoder layer, then the final norm."""
+        """Every decoder layer, then the final norm.
+
+        Under `--device auto` the layers may sit on several devices, and accelerate's hooks move the
+        inputs of the modules it hooked (whole layers), not of the ones called here: the residual
+        stream, the rotation and the attention's tensors follow each layer to its device.
+        """
         for index, layer in enumerate(self.decoder.layers):
+            device = layer.input_layernorm.weight.device
+            if x.device != device:
+                x, rotary, attention = x.to(device), (rotary[0].to(device), rotary[1].to(device)), attention.to(device)
             x = self._layer(layer, x, rotary, cache.layer_list[index], attention=attention, capture=capture)
+        x = x.to(self.decoder.norm.weight.device)
         return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
 
     def _layer(

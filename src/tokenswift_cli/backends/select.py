@@ -7,6 +7,7 @@ from transformers import PreTrainedModel
 
 from tokenswift_cli.backends.base import Backend
 from tokenswift_cli.backends.cpu.invariant import BatchInvariantBackend, q8_head_for, rounds_inputs
+from tokenswift_cli.backends.cuda import padded
 from tokenswift_cli.backends.lean import LeanBackend, supports_lean
 from tokenswift_cli.backends.stock import ATTENTION_NAME, StockBackend
 
@@ -26,6 +27,8 @@ def backend_for(model: PreTrainedModel, *, lean: bool | None = None) -> Backend:
     on_cpu = weight.device.type == "cpu"
     if not lean:
         return StockBackend(model, q8_head=q8_head_for(model) if on_cpu else None)
+    if padded.applies(model):  # CUDA: exact forwards at one padded row count (or forced, for tests)
+        return padded.PaddedBackend(model)
     if on_cpu and (weight.dtype != torch.float32 or rounds_inputs(model)):
         return BatchInvariantBackend(model)
     return LeanBackend(model)

@@ -33,9 +33,9 @@ from tokenswift_cli.model.target import Target
 from tokenswift_cli.quality.text import distinct_n
 from tokenswift_cli.runs.run_model import fit_kv_cache, fit_window
 
-METHODS = ("plain", "tokenswift", "generate", "prompt_lookup", "llama_cpp")
+METHODS = ("plain", "tokenswift", "generate", "generate_compiled", "prompt_lookup", "llama_cpp")
 ENGINE_METHODS = ("plain", "tokenswift")
-HF_METHODS = ("generate", "prompt_lookup")
+HF_METHODS = ("generate", "generate_compiled", "prompt_lookup")
 
 
 @dataclass(frozen=True)
@@ -205,15 +205,19 @@ class Bench:
         return cache
 
     def _hf(self, method: str, case: Case, prompt: list[int], prefilled: DynamicCache) -> _Run:
-        """`generate()` from the prefilled cache; prompt lookup from scratch (with a prefilled cache it
-        writes another text in transformers 5.23), timed from its first new token by a streamer."""
+        """`generate()` from the prefilled cache; prompt lookup and the compiled loop (a static cache, which
+        `generate()` compiles with torch.compile) from scratch (with a prefilled cache prompt lookup
+        writes another text in transformers 5.23), timed from the first new token by a streamer."""
         model, sampling = self.target.model, self.settings.sampling
         config = generation_config(sampling, case.new_tokens)
         lookup = method == "prompt_lookup"
         if lookup:
             config.prompt_lookup_num_tokens = self.settings.prompt_lookup_tokens
+        if method == "generate_compiled":
+            config.cache_implementation = "static"
+        from_scratch = method != "generate"
         extra: dict[str, Any] = (
-            {"streamer": FirstTokenClock()} if lookup else {"past_key_values": copy.deepcopy(prefilled)}
+            {"streamer": FirstTokenClock()} if from_scratch else {"past_key_values": copy.deepcopy(prefilled)}
         )
         ids = torch.tensor([prompt], device=self.target.device)
         torch.manual_seed(sampling.seed)

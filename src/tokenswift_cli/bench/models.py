@@ -57,6 +57,7 @@ class BenchRequest:
     or under greedy what `generate()` computes ("none", "model")."""
 
     model: str = "default"
+    device: str = "cpu"
     dtype: str = "auto"
     weights: str = "auto"
     heads: str = "default"
@@ -86,7 +87,9 @@ class BenchRequest:
     def chosen_methods(self) -> tuple[str, ...]:
         if self.methods is not None:
             return self.methods
-        stock = ("plain", "tokenswift", "generate", "prompt_lookup")
+        stock: tuple[str, ...] = ("plain", "tokenswift", "generate", "prompt_lookup")
+        if self.device.startswith("cuda"):  # the fast stock loop where it exists: static cache + torch.compile
+            stock = ("plain", "tokenswift", "generate", "generate_compiled")
         gguf = self.model == "default" or self.model.lower().endswith(".gguf")
         return stock + ("llama_cpp",) if llama_available() and gguf and not self.quick else stock
 
@@ -97,7 +100,9 @@ class BenchRequest:
 
     def model_spec(self) -> ModelSpec:
         """The model as `write` asks for it (rope scaling "auto": YaRN once a run outgrows the trained length)."""
-        return ModelSpec(name=self.model_name, dtype=cast(DType, self.dtype), weights=cast(Weights, self.weights))
+        return ModelSpec(
+            name=self.model_name, device=self.device, dtype=cast(DType, self.dtype), weights=cast(Weights, self.weights)
+        )
 
     def sampling_config(self) -> SamplingConfig:
         presets = {"default": default_sampling(self.model_name), "paper": PAPER, "greedy": SamplingConfig()}
@@ -179,8 +184,10 @@ def quick_model(seed: int = 0) -> Any:
 def _quick(request: BenchRequest, spec: ModelSpec) -> RunModel:
     """The tiny model as a run's model: float32 (unless asked for bfloat16), no tokenizer, no end-of-text token."""
     model = quick_model(request.seed)
-    if request.dtype == "bfloat16":
-        model = model.to(torch.bfloat16)
+    if request.dtype in ("bfloat16", "float16"):
+        model = model.to(getattr(torch, request.dtype))
+    if request.device != "cpu":
+        model = model.to(request.device)
     if request.weights == "int4":
         from tokenswift_cli.backends.cpu.int4 import quantize_decoder
 
@@ -198,7 +205,7 @@ def _random_heads(model: Any) -> DraftHeads:
     heads = DraftHeads.for_model(model.config, 3)
     for block in heads.medusa_layers:
         torch.nn.init.normal_(block.linear.weight, std=0.1)  # type: ignore[union-attr]
-    return heads.to(dtype=model.dtype).eval().requires_grad_(False)
+    return heads.to(device=model.device, dtype=model.dtype).eval().requires_grad_(False)
 
 
 def prefix_tokens(request: BenchRequest, tokenizer: Any, needed: int) -> list[int]:

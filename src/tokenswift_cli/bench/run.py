@@ -22,6 +22,7 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
     from tokenswift_cli.bench.report import render_table, write_results
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    name = device_name(request.device, name)
     request.settings(request.run_config())  # every option checked before the model loads
     if request.threads:
         torch.set_num_threads(request.threads)
@@ -47,6 +48,25 @@ def run_bench(request: BenchRequest, *, out_dir: Path, name: str) -> tuple[list[
     return results, paths
 
 
+def device_name(device: str, name: str) -> str:
+    """`name`, with the GPU's name appended on CUDA (bench-nvidia-h100-80gb-hbm3): results say where they ran."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return name
+    gpu = torch.cuda.get_device_name(torch.device(device))
+    return f"{name}-" + "-".join("".join(c if c.isalnum() else " " for c in gpu.lower()).split())
+
+
+def device_info(device: str) -> dict[str, Any]:
+    """The device a bench ran on, and on CUDA the GPU and the batch-invariance settings in force."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return {"device": device}
+    from tokenswift_cli.backends.cuda import invariance
+
+    gpu = torch.device(device)
+    return {"device": device, "gpu": torch.cuda.get_device_name(gpu), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "invariance": invariance.settings()}  # fmt: skip
+
+
 def _document(request: BenchRequest, opened: BenchModel, bench: Bench) -> dict[str, Any]:
     """What the results were measured with: the request, the resolved model and engine settings per case."""
     target, cases = opened.target, []
@@ -58,7 +78,7 @@ def _document(request: BenchRequest, opened: BenchModel, bench: Bench) -> dict[s
     return {
         "request": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(request).items()},
         "model": opened.model.settings, "heads": opened.model.heads_settings, "run_config": opened.run.to_dict(),
-        "cases": cases, "command": " ".join(["tokenswift", *sys.argv[1:]]),
+        "cases": cases, "command": " ".join(["tokenswift", *sys.argv[1:]]), "device": device_info(request.device),
     }  # fmt: skip
 
 

@@ -52,6 +52,9 @@ def bench_command(
     model: Annotated[
         str, typer.Option("--model", "-m", help="'default', a model folder, a .gguf file or a hub id.")
     ] = "default",
+    device: Annotated[
+        str, typer.Option(help="cpu or cuda[:N]; on cuda the result files are named after the GPU.")
+    ] = "cpu",
     dtype: Annotated[
         str, typer.Option(help="auto (as write: the model's), float32 or bfloat16; every method uses the same.")
     ] = "auto",
@@ -71,8 +74,9 @@ def bench_command(
     methods: Annotated[
         str,
         typer.Option(
-            help="Among plain,tokenswift,generate,prompt_lookup,llama_cpp; auto: all but llama_cpp, "
-            "and llama_cpp too when llama-cpp-python is installed and the model is a GGUF file."
+            help="Among plain,tokenswift,generate,generate_compiled,prompt_lookup,llama_cpp; auto: all but "
+            "llama_cpp and generate_compiled, llama_cpp too when llama-cpp-python is installed and the model is a "
+            "GGUF file; on cuda generate_compiled (static cache + torch.compile) instead of prompt_lookup."
         ),
     ] = "auto",
     sampling: Annotated[str, typer.Option(help=_HELP_SAMPLING)] = "default",
@@ -102,7 +106,8 @@ def bench_command(
 
     try:
         request = BenchRequest(
-            model=model, dtype=dtype, weights=weights, heads=heads, lengths=tuple(parse_counts(lengths)),
+            model=model, device=device, dtype=dtype, weights=weights, heads=heads,
+            lengths=tuple(parse_counts(lengths)),
             length_context=parse_count(length_context), contexts=tuple(parse_counts(contexts)),
             context_tokens=parse_count(context_tokens), prefix_file=prefix_file,
             methods=None if methods == "auto" else tuple(m.strip() for m in methods.split(",") if m.strip()),

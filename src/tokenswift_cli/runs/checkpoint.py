@@ -30,6 +30,8 @@ from tokenswift_cli.runs.durable import CheckpointError, write_atomic, write_jso
 from tokenswift_cli.runs.textstream import StreamState
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
 
     from tokenswift_cli.config import RunConfig
@@ -241,11 +243,13 @@ def restore(
     device: torch.device,
     dtype: torch.dtype,
     kv_dtype: torch.dtype | None = None,
+    layer_devices: Sequence[torch.device] | None = None,
 ) -> Restored:
     """Rebuild the generation state of `manifest` (files verified again as they are read).
 
     The full cache gets the capacity an uninterrupted run with `cfg` would have had, so that the
-    resumed run computes on identically laid-out buffers.
+    resumed run computes on identically laid-out buffers. `layer_devices`: where each layer's keys and
+    values go (`--device auto` spreads the layers), default `device` for all.
     """
     from safetensors.torch import load
 
@@ -256,6 +260,7 @@ def restore(
 
     folder, info = run_dir / FOLDER, manifest["state"]
     kv_dtype = kv_dtype or dtype  # the full cache's storage (`state.kv_storage`)
+    devices = list(layer_devices) if layer_devices is not None else [device] * num_layers
     kv = manifest["kv"]
     if kv["layers"] != num_layers:
         raise CheckpointError(f"the checkpoint has {kv['layers']} layers, the model {num_layers}")
@@ -281,7 +286,8 @@ def restore(
             raise CheckpointError(f"the KV segments of {run_dir.name} are not contiguous at {entry['name']}")
         tensors = load(_read_verified(folder, entry))
         for i in range(num_layers):
-            full.load_segment(i, tensors[f"keys.{i}"][None].to(device), tensors[f"values.{i}"][None].to(device))
+            where = devices[i]
+            full.load_segment(i, tensors[f"keys.{i}"][None].to(where), tensors[f"values.{i}"][None].to(where))
         full.evict()
     if window is not None and full.first_recent > max(needed_from, window.sinks):
         raise CheckpointError(f"the checkpoint of {run_dir.name} lacks keys/values its context window needs")
@@ -296,7 +302,7 @@ def restore(
             num_layers, budget=draft.partial_budget, sinks=draft.sink_tokens, window=draft.recent_window, dtype=dtype
         )
         if info["window_start"] is not None:
-            selections = [saved[f"selected.{i}"].to(device) for i in range(num_layers)]
+            selections = [saved[f"selected.{i}"].to(devices[i]) for i in range(num_layers)]
             partial.restore(full, selections, info["window_start"])
     ngrams = NGramTable(cfg.draft.ngram_size)
     lag = cfg.sampling.penalty_window if cfg.sampling.penalty is not None else 0

@@ -72,7 +72,7 @@ def load_run_model(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Cal
     draft_heads = None
     if path is not None:
         draft_heads = load_heads(path, loaded.model.config, fingerprint=loaded.fingerprint)
-        draft_heads = draft_heads.to(device=target.device, dtype=loaded.model.dtype)
+        draft_heads = draft_heads.to(device=target.output_device, dtype=loaded.model.dtype)
     label = DEFAULT_MODEL_LABEL if spec.name == "default" else Path(spec.name).name or spec.name
     weights = loaded.spec.weights if loaded.spec is not None else spec.weights  # "auto" resolved
     model_settings = {

@@ -260,7 +260,7 @@ def resume(
             target = loaded.target
             restored = restore(
                 run_dir, manifest, cfg=cfg, num_layers=target.num_layers, device=target.device,
-                dtype=target.dtype, kv_dtype=kv_storage(cfg, target),
+                dtype=target.dtype, kv_dtype=kv_storage(cfg, target), layer_devices=target.layer_devices,
             )  # fmt: skip
             state, stream, keep = restored.state, TextStream(decode, state=restored.stream), restored.text_bytes
             memory.trim()  # what loading and reading the checkpoint freed

@@ -156,6 +156,8 @@ def choose(logits: torch.Tensor, context: torch.Tensor, position: int, cfg: Samp
     if cfg.greedy:
         return int(scores.argmax())
     u = position_uniform(cfg.seed, position)
+    if scores.device.type != "cpu":  # the full CDF on the device: one host sync, where the shortcut takes three
+        return _draw_full(scores, u)
     kept = torch.nonzero(scores != -float("inf")).flatten()  # NaN and +inf stay: they fail the check below
     if 0 < kept.numel() <= MAX_SEARCHED:
         token = _draw_kept(kept.tolist(), scores[kept].tolist(), u)
@@ -190,7 +192,7 @@ def _draw_kept(tokens: list[int], scores: list[float], u: float) -> int | None:
 
 
 def _draw_full(scores: torch.Tensor, u: float) -> int:
-    """The inverse CDF at `u` over the whole vocabulary."""
+    """The inverse CDF at `u` over the whole vocabulary, on the scores' device (one host sync: the token)."""
     cdf = torch.softmax(scores.double(), dim=-1).cumsum(0)  # [vocab]
-    token = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype)))
-    return min(token, cdf.shape[0] - 1)
+    target = cdf[-1:] * u  # u * total, as a float64 product on the host would round it, without reading cdf
+    return int(torch.searchsorted(cdf, target).clamp_(max=cdf.shape[0] - 1))

@@ -11,6 +11,7 @@ and a Q8_0 head reads int8 (`native_decoder.py`, `q8_head.py`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,9 @@ class ExactAttention:
 
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return exact_rows(module, x)
+
+    def to(self, device: torch.device) -> ExactAttention:
+        return dataclasses.replace(self, fast=self.fast.to(device))
 
     def attend(
         self,

@@ -29,7 +29,7 @@ class PassDrafter(HeadDrafter):
         if depth > 1:
             assert heads is not None
             with torch.no_grad():
-                head_states = heads(forward.pre_norm[0].to(next(heads.parameters()).dtype))  # [K, hidden]
+                head_states = heads(forward.pre_norm[0].to(next(heads.parameters())))  # [K, hidden]
             states += list(head_states[: depth - 1])
         logits = target.logits(torch.stack(states))  # [depth, vocab]
         return self.drafts_from(top_tokens(logits, root_context(state, self.model.sampling), tree, self.model.sampling))

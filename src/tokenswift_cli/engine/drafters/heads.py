@@ -35,7 +35,7 @@ def top_tokens(
 def head_logits(target: Target, heads: DraftHeads, pre_norm: torch.Tensor) -> torch.Tensor:
     """Logits `[K, vocab]` of the heads fed with one pre-norm state `[hidden]`."""
     with torch.no_grad():
-        states = heads(pre_norm.to(next(heads.parameters()).dtype))  # [K, hidden]
+        states = heads(pre_norm.to(next(heads.parameters())))  # [K, hidden]
     return target.logits(states)
 
 

@@ -1,0 +1,206 @@
+"""The padded backend: exact forwards at one row count, so plain decoding and a verified tree agree.
+
+A GPU's products pick their kernel (tiles, split-K) from the whole shape, so a row's bits can
+change with the number of rows beside it (vLLM RFC #54506). Here every exact forward (a plain step
+is the verification of the root alone) runs its row-wise modules (projections, MLP, norms, the
+output head) on exactly `rows` rows: the real ones, then padding. The same kernels run every step,
+and a row's result depends on that row only. A tree of more nodes runs in pieces of `rows`, each
+seeing the pieces before it as cached keys. Attention takes the real rows only: its result does
+not depend on the kernels (`float64_attention.py`).
+
+Written in torch ops, so the same code runs on a CPU (where the tests reach it) and on CUDA, where
+`select.backend_for` takes it. Prefill and drafts keep the lean fast path: nothing compares them.
+With `--device auto` the layers may sit on several devices: the residual stream, the rotary
+tables and each layer's keys/values follow the layer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotate_half
+
+from tokenswift_cli.backends.cuda import invariance
+from tokenswift_cli.backends.cuda.float64_attention import float64_attention
+from tokenswift_cli.backends.lean import LeanBackend, Rotation, supports_lean
+from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, _PreallocatedCache
+from tokenswift_cli.model.forward import Forward, QueryCapture
+
+ROWS = 64  # rows of every exact forward: a 40-node tree and its n-gram paths fit one piece
+LOGIT_ROWS = 16  # rows of every output-head product (the acceptance walk asks for at most this many)
+FORCE = "TOKENSWIFT_PADDED"  # "1": take this backend on any device (tests, benchmarks on a CPU)
+
+
+def applies(model: PreTrainedModel) -> bool:
+    """A CUDA model of a layout the lean forward knows, or any such model when `FORCE` is set."""
+    on_cuda = model.get_decoder().embed_tokens.weight.device.type == "cuda"
+    return supports_lean(model) and (on_cuda or os.environ.get(FORCE) == "1")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What every layer needs to attend for one piece of an exact forward, on one device."""
+
+    begin: int  # first row of the forward in this piece
+    real: int  # rows of the piece that are tokens (the rest pad it to `rows`)
+    stored: int  # cache rows held before the forward
+    rotary: Rotation  # [1, rows, d] each
+    sink_rotation: Rotation | None  # the sinks' rotation (context window only)
+    tree_visible: torch.Tensor  # [real, begin + real]
+    cache_visible: torch.Tensor | None  # [real, stored] (None: all)
+    cache_sinks: int
+    tree_sinks: torch.Tensor | None  # [begin + real]
+
+    def to(self, device: torch.device) -> Piece:
+        def move(value: torch.Tensor | None) -> torch.Tensor | None:
+            return None if value is None else value.to(device)
+
+        def turn(rotation: Rotation | None) -> Rotation | None:
+            return None if rotation is None else (rotation[0].to(device), rotation[1].to(device))
+
+        return Piece(
+            self.begin, self.real, self.stored, turn(self.rotary), turn(self.sink_rotation),  # type: ignore[arg-type]
+            self.tree_visible.to(device), move(self.cache_visible), self.cache_sinks, move(self.tree_sinks),
+        )  # fmt: skip
+
+
+class PaddedBackend(LeanBackend):
+    """The lean layer loop; exact forwards at `rows` rows with kernel-independent attention."""
+
+    def __init__(self, model: PreTrainedModel, *, rows: int = ROWS) -> None:
+        super().__init__(model)
+        invariance.configure(self.device)
+        self.rows = rows
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: _PreallocatedCache,
+        *,
+        block_mask: torch.Tensor | None,
+        capture: QueryCapture | None,
+        exact: bool,
+    ) -> Forward:
+        """Exact: pieces of `rows` rows; otherwise the lean fast path."""
+        if not exact:
+            return super().forward(tokens, positions, cache, block_mask=block_mask, capture=capture, exact=False)
+        count = tokens.shape[0]
+        if block_mask is None:
+            block_mask = torch.ones(count, count, dtype=torch.bool).tril()
+        row = None if capture is None else capture.row % count
+        parts = [
+            self._piece(tokens, positions[0], cache, block_mask.to(self.device), begin, capture, row)
+            for begin in range(0, count, self.rows)
+        ]
+        if len(parts) == 1:
+            return parts[0]
+        return Forward(pre_norm=torch.cat([p.pre_norm for p in parts]), hidden=torch.cat([p.hidden for p in parts]))
+
+    def _piece(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: _PreallocatedCache,
+        block_mask: torch.Tensor,
+        begin: int,
+        capture: QueryCapture | None,
+        row: int | None,
+    ) -> Forward:
+        end = min(begin + self.rows, tokens.shape[0])
+        real, pad = end - begin, self.rows - (end - begin)
+        padded = F.pad(tokens[begin:end], (0, pad))  # token 0 at the last real position: no row sees it
+        where = torch.cat([positions[begin:end], positions[end - 1 : end].expand(pad)])  # [rows]
+        x = self.decoder.embed_tokens(padded[None])  # [1, rows, hidden]
+        piece = self._layout(x, where, positions[:end], cache, block_mask[begin:end, :end], begin)
+        pieces = {x.device: piece}
+        for index, layer in enumerate(self.decoder.layers):
+            device = layer.input_layernorm.weight.device
+            x = x.to(device)
+            on_device = pieces.get(device) or pieces.setdefault(device, piece.to(device))
+            keep = row - begin if row is not None and begin <= row < end else None
+            x = self._padded_layer(layer, x, cache.layer_list[index], on_device, capture, keep)
+        x = x.to(self.decoder.norm.weight.device)
+        return Forward(pre_norm=x[0, :real], hidden=self.decoder.norm(x)[0, :real])
+
+    def _layout(
+        self,
+        x: torch.Tensor,
+        where: torch.Tensor,
+        seen: torch.Tensor,
+        cache: _PreallocatedCache,
+        tree_visible: torch.Tensor,
+        begin: int,
+    ) -> Piece:
+        """Rotations and visibility of one piece (positions `where` `[rows]`; `seen`: of every new key so far)."""
+        real = tree_visible.shape[0]
+        rotary = self.decoder.rotary_emb(x, where[None])
+        stored = cache.layer_list[0].stored
+        window = cache.window if isinstance(cache, FullCache) else None
+        if window is None:
+            return Piece(begin, real, stored, rotary, None, tree_visible, None, 0, None)
+        sink_rotation = self.decoder.rotary_emb(x, where.clamp(max=window.span - 1)[None])
+        # Cache slot s holds position s among the sinks, s + dropped after them.
+        slots = torch.arange(stored, device=where.device)
+        held = slots + torch.where(slots >= window.sinks, cache.dropped, 0)
+        lowest = (where[:real] - window.size + 1).clamp(min=window.sinks)  # [real]
+        cache_visible = (held[None] < window.sinks) | (held[None] >= lowest[:, None])
+        sinks = min(window.sinks, stored)
+        return Piece(
+            begin, real, stored, rotary, sink_rotation, tree_visible, cache_visible, sinks, seen < window.sinks
+        )
+
+    def _padded_layer(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        cache: PreallocatedLayer,
+        piece: Piece,
+        capture: QueryCapture | None,
+        keep: int | None,
+    ) -> torch.Tensor:
+        """One decoder layer over `rows` rows; attention over the real ones."""
+        attn, rows = layer.self_attn, x.shape[1]
+        hidden = layer.input_layernorm(x)
+        shape = (1, rows, -1, attn.head_dim)
+        query, key, value = (
+            proj(hidden).reshape(shape).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+        )  # [1, heads, rows, d]
+        raw_query = query
+        query, key = apply_rotary_pos_emb(query, key, *piece.rotary)
+        if capture is not None and keep is not None:
+            capture.queries[attn.layer_idx] = query[0, :, keep]
+        # Pad rows write after the real ones: a later piece overwrites them, and no row sees them.
+        slot = piece.stored + piece.begin
+        cache.make_room(piece.begin + rows, key)
+        assert cache.keys is not None and cache.values is not None
+        cache.keys[:, :, slot : slot + rows].copy_(key)
+        cache.values[:, :, slot : slot + rows].copy_(value)
+        new_end = slot + piece.real  # the keys as stored (rounded to the storage dtype), as later steps read them
+        real = slice(0, piece.real)
+        sink_query = None
+        if piece.sink_rotation is not None:
+            cos, sin = piece.sink_rotation
+            sink_query = (raw_query * cos[:, None] + rotate_half(raw_query) * sin[:, None])[:, :, real]
+        out = float64_attention(
+            query[:, :, real], cache.keys[:, :, : piece.stored], cache.values[:, :, : piece.stored],
+            cache.keys[:, :, piece.stored : new_end], cache.values[:, :, piece.stored : new_end],
+            tree_visible=piece.tree_visible, scaling=attn.scaling, cache_visible=piece.cache_visible,
+            sink_query=sink_query, cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
+        )  # fmt: skip
+        x = x + attn.o_proj(F.pad(out, (0, 0, 0, rows - piece.real)))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head in products of exactly `LOGIT_ROWS` rows (a row's logits whatever the batch)."""
+        rows = hidden.to(self.lm_head.weight.device).reshape(-1, hidden.shape[-1])
+        parts = [
+            self.lm_head(F.pad(part, (0, 0, 0, LOGIT_ROWS - part.shape[0])))[: part.shape[0]].float()
+            for part in rows.split(LOGIT_ROWS)
+        ]
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return logits.reshape(*hidden.shape[:-1], -1)
