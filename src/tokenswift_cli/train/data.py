@@ -52,7 +52,10 @@ class Rows:
         return int(self.targets.shape[1])
 
     def take(self, index: torch.Tensor) -> Rows:
-        return Rows(*(t[index] for t in self._tensors()))
+        return Rows(*(t[index.to(t.device)] for t in self._tensors()))
+
+    def to(self, device: torch.device | str) -> Rows:
+        return Rows(*(t.to(device) for t in self._tensors()))
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.hidden, self.targets, self.teacher_ids, self.teacher_logp, self.positions)
@@ -202,16 +205,17 @@ def _distill_batch(
 ) -> list[Rows]:
     width = max(len(p) for p in prompts)
     pad = 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padded [B, P]
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)  # left padded [B, P]
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     with capture_last(model) as records:
         out = model.generate(  # type: ignore[operator]
             input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             do_sample=True, temperature=1.0, top_k=None, top_p=None, logits_processor=processors, pad_token_id=pad,
-        )  # fmt: skip
+        ).cpu()  # fmt: skip
     steps = len(records)
-    hidden = torch.stack([h for h, _ in records], dim=1)  # [B, steps, H]
-    top = torch.stack([t for _, t in records], dim=2)  # [2, B, steps, k]
+    hidden = torch.stack([h for h, _ in records], dim=1).cpu()  # [B, steps, H]
+    top = torch.stack([t for _, t in records], dim=2).cpu()  # [2, B, steps, k]
+    records.clear()  # the device's copies can go before the rows are cut
     rows = []
     for b, prompt in enumerate(prompts):
         tokens = out[b, width - 1 : width + steps]  # last prompt token, then the generated ones
@@ -224,14 +228,21 @@ def _distill_batch(
 def teacher_forced(model: PreTrainedModel, tokens: Sequence[int], *, heads: int, chunk: int = 512) -> Rows:
     """Rows of a text read by the model in one pass (all its positions): `tokens` starts at position 0."""
     ids = torch.tensor([list(tokens)])
+    pre_norm, post = read_states(model, ids[0])
+    lm_head = model.get_output_embeddings()
+    parts = [[t.cpu() for t in top_logprobs(lm_head(post[i : i + chunk]))] for i in range(0, post.shape[0], chunk)]
+    top = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))  # [T, k] each
+    return rows_from_sequence(ids[0], pre_norm.cpu()[:-1], (top[0][:-1], top[1][:-1]), offset=0, heads=heads)
+
+
+@torch.no_grad()
+def read_states(model: PreTrainedModel, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pre-norm, final) hidden states `[T, H]` of `tokens` `[T]` read in one pass, on the model's device."""
     hidden: list[torch.Tensor] = []
     norm = model.get_decoder().norm
     handle = norm.register_forward_pre_hook(lambda m, a: hidden.append(a[0][0].detach().float()))
     try:
-        post = model.get_decoder()(input_ids=ids).last_hidden_state[0]  # [T, H]
+        post = model.get_decoder()(input_ids=tokens[None].to(model.device)).last_hidden_state[0]  # [T, H]
     finally:
         handle.remove()
-    lm_head = model.get_output_embeddings()
-    parts = [top_logprobs(lm_head(post[i : i + chunk])) for i in range(0, post.shape[0], chunk)]
-    top = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))  # [T, k] each
-    return rows_from_sequence(ids[0], hidden[0][:-1], (top[0][:-1], top[1][:-1]), offset=0, heads=heads)
+    return hidden[0], post
