@@ -14,7 +14,7 @@ import typer
 
 from tokenswift_cli.cli.errors import errors
 from tokenswift_cli.cli.help import Command, Group
-from tokenswift_cli.cli.options import ModelOpt
+from tokenswift_cli.cli.options import DeviceOpt, ModelOpt
 
 if TYPE_CHECKING:
     from tokenswift_cli.train.fit import Accuracy
@@ -23,7 +23,9 @@ IMPORT_EXAMPLE = (
     "Example: tokenswift heads import ./TokenSwift-llama3.1-8b --out llama3.1-8b.safetensors "
     "--model meta-llama/Llama-3.1-8B"
 )
-EVAL_EXAMPLE = "Example: tokenswift heads eval my-heads.safetensors --text novel.txt --tokens 8192"
+EVAL_EXAMPLE = (
+    "Example: tokenswift heads eval my-heads.safetensors --text novel.txt --prefix-tokens 256 --prefix-tokens 4096"
+)
 INFO_EXAMPLE = "Example: tokenswift heads info my-heads.safetensors"
 
 TextFiles = Annotated[
@@ -82,27 +84,67 @@ def import_command(
 
 @errors()
 def eval_command(
-    heads_path: Annotated[Path, typer.Argument(help="Heads file (.safetensors).")],
-    text: Annotated[list[Path], typer.Option("--text", help="Text file to measure on (repeatable).")],
+    heads_path: Annotated[str, typer.Argument(help="Heads file (.safetensors), or 'default' (the shipped heads).")],
+    text: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--text", help="Text file to measure on (repeatable; default: the held-out text).", show_default=False
+        ),
+    ] = None,
     model: ModelOpt = "default",
-    tokens: Annotated[int, typer.Option(help="Tokens read from each file (from its start).", min=16)] = 4096,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the accuracy as JSON.")] = False,
+    device: DeviceOpt = "cpu",
+    tokens: Annotated[
+        int, typer.Option(help="Tokens read from each file for the accuracy (from its start).", min=16)
+    ] = 4096,
+    prefix_tokens: Annotated[
+        list[int] | None,
+        typer.Option(
+            help="Tokens per file before the model writes (repeatable: short and long) [default: 1024].",
+            show_default=False,
+        ),
+    ] = None,
+    new_tokens: Annotated[int, typer.Option(help="Tokens the model writes after each prefix.", min=2)] = 512,
+    seed: Annotated[int, typer.Option(help="Seed of the written text.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
-    """Per-head top-1/top-3 accuracy on text files, at short and long positions."""
-    from tokenswift_cli.config import ModelSpec
+    """Per-head top-1/top-3 against the model's own next tokens at short and long positions, and the tokens
+    per step of the paper's tree at the paper's sampling, with and without the heads, beside the oracle."""
+    from dataclasses import asdict, replace
+
+    from tokenswift_cli.config import DraftConfig, ModelSpec
+    from tokenswift_cli.data import HELD_OUT_TEXT
     from tokenswift_cli.model.heads import resolve_heads
-    from tokenswift_cli.model.loading import load_model
+    from tokenswift_cli.model.loading import end_of_text_ids, load_model
+    from tokenswift_cli.sampling.defaults import PAPER
+    from tokenswift_cli.train.acceptance import replay_file
     from tokenswift_cli.train.run import file_rows, held_out_accuracy
 
-    loaded = load_model(ModelSpec(name=model, weights="dense"), attn_implementation="sdpa")
-    heads, _ = resolve_heads(str(heads_path), loaded)
-    assert heads is not None
-    rows = file_rows(loaded, [str(t) for t in text], window=tokens, heads=heads.num_heads, limit=tokens)
+    files = text or [HELD_OUT_TEXT]
+    loaded = load_model(ModelSpec(name=model, weights="dense", dtype="float32", device=device),
+                        attn_implementation="sdpa")  # fmt: skip
+    heads, _ = resolve_heads(heads_path, loaded)
+    if heads is None:
+        raise typer.BadParameter(f"no heads to measure: {heads_path}")
+    heads = heads.to(loaded.model.device)
+    rows = file_rows(loaded, [str(t) for t in files], window=tokens, heads=heads.num_heads, limit=tokens)
     accuracy = held_out_accuracy(heads, loaded, {"text": rows})
+    sampling = replace(PAPER, seed=seed, suppress_token_ids=tuple(end_of_text_ids(loaded)))
+    replays = [
+        {"file": f.name, **replay_file(loaded, heads, f.read_text(encoding="utf-8"), prefix_tokens=n,
+                                       new_tokens=new_tokens, sampling=sampling).to_dict()}
+        for f in files for n in prefix_tokens or [1024]
+    ]  # fmt: skip
+    report = {
+        "heads": heads_path, "model": loaded.name, "device": str(loaded.model.device),
+        "settings": {"sampling": asdict(replace(sampling, script_filter=None)), "tree": list(DraftConfig().tree),
+                     "ngram_top_k": DraftConfig().ngram_top_k, "new_tokens": new_tokens},
+        "accuracy": {k: v.to_dict() for k, v in accuracy.items()}, "tokens_per_step": replays,
+    }  # fmt: skip
     if as_json:
-        typer.echo(json.dumps({k: v.to_dict() for k, v in accuracy.items()}, indent=1))
+        typer.echo(json.dumps(report, indent=1))
     else:
         accuracy_table(accuracy)
+        replay_table(replays)
 
 
 @errors()
@@ -143,4 +185,17 @@ def accuracy_table(accuracy: dict[str, Accuracy]) -> None:
     fmt = lambda xs: " ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     for name, acc in accuracy.items():
         table.add_row(name, str(acc.rows), fmt(acc.top1), fmt(acc.top3), fmt(acc.model_top1), fmt(acc.model_top3))
+    Console(stderr=True).print(table)
+
+
+def replay_table(replays: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("text", "prefix", "tokens", "with heads", "no heads", "oracle", "heads, no lag", "none, no lag",
+                  "drawn top-1 / top-3", title="tokens per step: the paper's tree and sampling")  # fmt: skip
+    for r in replays:
+        rates = (r["heads"], r["no_heads"], r["oracle"], r["heads_no_lag"], r["no_heads_no_lag"])
+        table.add_row(r["file"], str(r["prefix_tokens"]), str(r["tokens"]), *(f"{x:.3f}" for x in rates),
+                      f"{r['drawn_top1']:.2f} / {r['drawn_top3']:.2f}")  # fmt: skip
     Console(stderr=True).print(table)

@@ -26,6 +26,7 @@ from tokenswift_cli.engine.candidates import candidate_trie
 from tokenswift_cli.engine.drafters.base import Drafts
 from tokenswift_cli.engine.ngram import NGramTable
 from tokenswift_cli.model.heads import DraftHeads
+from tokenswift_cli.model.loading import LoadedModel
 from tokenswift_cli.sampling.defaults import PAPER
 from tokenswift_cli.sampling.distribution import target_scores
 from tokenswift_cli.train.data import WindowPenalty, read_states
@@ -153,3 +154,20 @@ def _tokens_per_step(
         root += 1 + accepted
         steps += 1
     return (len(tokens) - start) / max(steps, 1)
+
+
+def replay_file(
+    loaded: LoadedModel,
+    heads: DraftHeads | None,
+    text: str,
+    *,
+    prefix_tokens: int,
+    new_tokens: int,
+    sampling: SamplingConfig,
+) -> Replay:
+    """Tokens per step on what the model writes after the first `prefix_tokens` tokens of `text`."""
+    if loaded.tokenizer is None:
+        raise ValueError("reading a text file needs the model's tokenizer")
+    prompt = loaded.tokenizer(text)["input_ids"][:prefix_tokens]
+    tokens = write_text(loaded.model, prompt, new_tokens, sampling)
+    return replay(loaded.model, heads, tokens, len(prompt), sampling=sampling)
