@@ -173,3 +173,12 @@ def test_parallel_heads_all_read_the_model_state() -> None:
         assert torch.allclose(states[:, i], block(hidden)[1])
     heads.chained = True
     assert not torch.allclose(heads(hidden)[:, 2], states[:, 2])
+
+
+def test_past_the_writing_deadline_no_new_batch_starts() -> None:
+    model = tiny_model("llama-mha")
+    prompts = [random_prompt(5, seed=s) for s in range(6)]
+    cfg = DistillConfig(new_tokens=6, batch_size=2)
+    rows = self_distill(model, prompts, cfg, heads=2, deadline=0.0)  # long past: the first batch only
+    assert rows.size == 2 * (6 - 2)
+    assert self_distill(model, prompts, cfg, heads=2).size == 6 * (6 - 2)

@@ -54,6 +54,9 @@ def train_heads_command(
     write_batch: Annotated[int, _opt("Texts written at once (hundreds on a GPU).", _DATA, min=1)] = 16,
     long_windows: Annotated[int, _opt("Long windows: the texts joined and read back.", _DATA, min=0)] = 2,
     long_tokens: Annotated[int, _opt("Tokens per long window.", _DATA, min=8)] = 4096,
+    write_minutes: Annotated[
+        float | None, _opt("Write no new batch of texts after this many minutes.", _DATA, show_default=False)
+    ] = None,
     held_out_samples: Annotated[int, _opt("Held-out texts written from subjects never trained on.", _DATA, min=0)] = 8,
     steps: Annotated[int, _opt("Optimizer steps.", min=1)] = 1500,
     batch_size: Annotated[int, _opt("Rows per step.", min=1)] = 256,
@@ -88,7 +91,7 @@ def train_heads_command(
     files = check_training_files([str(f) for f in data or ()])
     data_cfg = DataConfig(
         samples=samples, sample_tokens=sample_tokens, long_windows=long_windows, long_tokens=long_tokens,
-        held_out_samples=held_out_samples, files=files, batch_size=write_batch, seed=seed,
+        held_out_samples=held_out_samples, files=files, batch_size=write_batch, seed=seed, write_minutes=write_minutes,
     )  # fmt: skip
     out = out or default_out(model)
     if fresh:

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,11 +170,13 @@ def self_distill(
     suppress: Sequence[int] = (),
     folder: Path | None = None,
     on_batch: Callable[[int], None] | None = None,
+    deadline: float | None = None,
 ) -> Rows:
     """Rows from the model's own continuations of `prompts` (token ids), `cfg.batch_size` at a time.
 
     With `folder` (one per model), each batch's rows are saved there under a key of its prompts and
-    settings, and reused by a later call: an interrupted run resumes where it stopped.
+    settings, and reused by a later call: an interrupted run resumes where it stopped. Past
+    `deadline` (`time.monotonic()`), no new batch is written: the rows so far are returned.
     """
     processors = LogitsProcessorList([WindowPenalty(cfg.penalty, cfg.penalty_window), MinPLogitsWarper(cfg.min_p)])
     if suppress:
@@ -184,6 +187,8 @@ def self_distill(
         path = folder / f"batch-{_batch_key(cfg, batch, index)}.safetensors" if folder is not None else None
         if path is not None and path.is_file():
             parts.append(Rows.load(path))
+        elif deadline is not None and parts and time.monotonic() >= deadline:
+            break
         else:
             torch.manual_seed(cfg.seed + index)
             parts.append(Rows.concat(_distill_batch(model, batch, cfg.new_tokens, processors, heads)))

@@ -52,6 +52,7 @@ class DataConfig:
     generation_dtype: str = "bfloat16"  # a bf16 copy writes ~1.5x faster on CPU; rows are read in fp32 later
     batch_size: int = 16
     seed: int = 0
+    write_minutes: float | None = None  # no new batch is written after this long: a time budget
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -92,6 +93,7 @@ def distilled_rows(
     ]
     total = sum(len(p) for p, _ in jobs) * cfg.sample_tokens
     done, parts = 0, []
+    deadline = time.monotonic() + cfg.write_minutes * 60 if cfg.write_minutes is not None else None
     for chosen, seed in jobs:
         ids = [encode(loaded.tokenizer, p) for p in chosen]
         distill = DistillConfig(new_tokens=cfg.sample_tokens, batch_size=cfg.batch_size, seed=seed)
@@ -103,9 +105,8 @@ def distilled_rows(
                 progress("writing training text", done, total)
 
         suppress = list(end_of_text_ids(loaded))
-        rows = self_distill(
-            model, ids, distill, heads=heads, suppress=suppress, folder=rows_cache(loaded), on_batch=advance
-        )
+        rows = self_distill(model, ids, distill, heads=heads, suppress=suppress, folder=rows_cache(loaded),
+                            on_batch=advance, deadline=deadline)  # fmt: skip
         parts.append(rows)
     held_out, short = parts
     long = long_rows(loaded, short, windows=cfg.long_windows, length=cfg.long_tokens, heads=heads)
