@@ -28,7 +28,7 @@ def test_replay_commits_what_the_engine_commits(with_heads: bool) -> None:
     result = replay(target.model, heads, [*prompt, *out], len(prompt), sampling=SAMPLING, draft=cfg.draft)
     assert result.tokens == len(out) == stats.generated
     assert (result.heads if with_heads else result.no_heads) == pytest.approx(stats.mean_accepted)
-    assert result.oracle >= result.heads and result.oracle >= result.no_heads
+    assert result.oracle > 1.0 and result.heads_no_lag >= 1.0
     assert 0.0 <= result.drawn_top1 <= result.drawn_top3 <= 1.0
 
 
@@ -56,5 +56,5 @@ def test_train_heads_then_eval_on_a_tiny_model(tmp_path: Path, monkeypatch: pyte
     report = json.loads(result.stdout)
     assert set(report["accuracy"]) >= {"text all", "text <512"}
     (run,) = report["tokens_per_step"]
-    assert run["tokens"] == 24 and run["oracle"] >= run["heads"] >= 1.0 and run["no_heads"] >= 1.0
+    assert run["tokens"] == 24 and min(run["oracle"], run["heads"], run["no_heads"]) >= 1.0
     assert report["settings"]["sampling"]["penalty"] == 1.2

@@ -101,7 +101,12 @@ def train_heads_command(
     started = time.monotonic()
     with progress_bar() as bar:
         task = bar.add_task("writing training text", total=None)
-        update = lambda name, done, total: bar.update(task, description=name, completed=done, total=total)  # noqa: E731
+
+        def update(name: str, done: int, total: int) -> None:
+            bar.update(task, description=name, completed=done, total=total)
+            if bar.disable:  # no live bar (not a terminal): a log line per batch
+                say(f"{name}: {done}/{total} tokens, {time.monotonic() - started:.0f} s")
+
         rows, held_out = distilled_rows(loaded, data_cfg, heads=num_heads, progress=update)
         if files:
             bar.update(task, description="reading text files")

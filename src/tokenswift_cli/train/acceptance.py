@@ -10,7 +10,8 @@ each level-1 token), walks it down the text, and moves on past the accepted toke
 The draft pass reads the root's state on the partial cache, which holds every position while the
 context is within its budget (4096 by default); the replay reads the full context, so it is the
 engine's own draft up to that length. The oracle proposes the target's own top-w tokens at each
-depth along the true path (benchmarks/acceptance_bound.py): no drafter of the tree's shape does better.
+depth along the true path (benchmarks/acceptance_bound.py): no drafter of the tree's shape does
+better, though the n-gram paths, beyond that shape, can lift a real draft above it.
 """
 
 from __future__ import annotations
