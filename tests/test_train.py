@@ -182,3 +182,13 @@ def test_past_the_writing_deadline_no_new_batch_starts() -> None:
     rows = self_distill(model, prompts, cfg, heads=2, deadline=0.0)  # long past: the first batch only
     assert rows.size == 2 * (6 - 2)
     assert self_distill(model, prompts, cfg, heads=2).size == 6 * (6 - 2)
+
+
+def test_parallel_heads_load_back_parallel(tmp_path: Path) -> None:
+    from tokenswift_cli.model.heads import load_heads, read_metadata, save_heads
+
+    model = tiny_model("llama-gqa")
+    for chained in (False, True):
+        save_heads(DraftHeads.for_model(model.config, 2, chained=chained), tmp_path / "h.safetensors", {})
+        assert read_metadata(tmp_path / "h.safetensors")["chained"] == str(chained).lower()
+        assert load_heads(tmp_path / "h.safetensors", model.config).chained is chained
