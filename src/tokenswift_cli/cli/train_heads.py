@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -126,12 +127,13 @@ def train_heads_command(
         started = time.monotonic()
         heads, done = fit(loaded, rows, cfg, out=out, metadata=base, on_step=show)
         seconds = time.monotonic() - started
+    report = HeadsReport(steps=done, seconds=seconds, rows=rows.size, data_seconds=data_seconds,
+                         device=str(loaded.model.device))  # fmt: skip
+    save_heads(heads, out, training_metadata(loaded, data_cfg, cfg, report))  # usable before the measuring
     slices = {"held-out": held_out}
     if eval_text:
         slices["eval-text"] = file_rows(loaded, [str(f) for f in eval_text], window=4096, heads=num_heads, limit=4096)
-    accuracy = held_out_accuracy(heads, loaded, slices)
-    report = HeadsReport(steps=done, seconds=seconds, rows=rows.size, data_seconds=data_seconds,
-                         device=str(loaded.model.device), accuracy=accuracy)  # fmt: skip
+    report = replace(report, accuracy=held_out_accuracy(heads, loaded, slices))
     save_heads(heads, out, training_metadata(loaded, data_cfg, cfg, report))
     accuracy_table(report.accuracy)
     say(f"wrote {out} ({done} steps)")
