@@ -16,7 +16,8 @@ the tokens per step an n-gram-only drafter would reach, with and without that la
     .venv/bin/python benchmarks/acceptance_bound.py RUN_DIR [--threads 1] [--max-tokens 8192]
 
 RUN_DIR is a run folder (e.g. $TOKENSWIFT_HOME/runs/run-001); it reads the tokens of its latest
-checkpoint, so a run still in progress can be measured.
+checkpoint, so a run still in progress can be measured. (`tokenswift heads eval` replays the draft
+pass itself, with and without heads, on text the model writes, beside the same oracle.)
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tokenswift_cli.model.rope import apply_rope, plan_rope
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.runs.checkpoint import read_manifest
 from tokenswift_cli.sampling.distribution import target_scores
+from tokenswift_cli.train.acceptance import oracle_tokens_per_step
 
 SHAPES = {"chain-1": (1,), "chain-2": (1, 1), "chain-4": (1, 1, 1, 1), "3": (3,), "3,3,3": (3, 3, 3),
           "1,3,3,3": (1, 3, 3, 3), "8,8,8,8": (8, 8, 8, 8)}  # fmt: skip
@@ -68,20 +70,6 @@ def ranks(target: Target, tokens: Sequence[int], start: int, cfg: RunConfig, chu
             scores = target_scores(target.logits(hidden[row]), context, cfg.sampling)
             out.append(int((scores > scores[tokens[position]]).sum()))
     return out
-
-
-def oracle_tokens_per_step(token_ranks: Sequence[int], widths: Sequence[int]) -> float:
-    """Replay: each step commits its root plus the following positions the oracle tree covers."""
-    steps = position = 0
-    while position < len(token_ranks):
-        accepted = 0
-        while accepted < len(widths) and position + 1 + accepted < len(token_ranks):
-            if token_ranks[position + 1 + accepted] >= widths[accepted]:
-                break
-            accepted += 1
-        position += 1 + accepted
-        steps += 1
-    return len(token_ranks) / max(steps, 1)
 
 
 def ngram_tokens_per_step(tokens: Sequence[int], start: int, *, size: int, top_k: int, lag: int) -> float:

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from tokenswift_cli.config import ModelSpec, RunConfig, SamplingConfig
-from tokenswift_cli.decode import generate
-from tokenswift_cli.heads import resolve_heads
-from tokenswift_cli.loading import load_model
-from tokenswift_cli.state import prefill
-from tokenswift_cli.target import Target
+from tokenswift_cli.engine.decode import generate
+from tokenswift_cli.engine.state import prefill
+from tokenswift_cli.model.heads import resolve_heads
+from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.target import Target
 
 SETTINGS = {
     "greedy": SamplingConfig(),

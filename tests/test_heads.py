@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from tokenswift_cli.cli import heads as cli_heads
+from tokenswift_cli.cli import train_heads as cli_train_heads
 from tokenswift_cli.data import HEADS
 from tokenswift_cli.model.heads import (
     HeadsError,
@@ -116,6 +117,7 @@ def _app() -> typer.Typer:
     app = typer.Typer()
     app.command("noop")(lambda: None)  # a second command keeps the group names as typed
     cli_heads.register(app)
+    cli_train_heads.register(app)
     return app
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import VOCAB, tiny_model
@@ -10,6 +12,7 @@ from helpers import random_prompt
 from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.train.data import DistillConfig, Rows, rows_from_sequence, self_distill, teacher_forced
 from tokenswift_cli.train.fit import TrainConfig, evaluate, head_loss, lm_head_weight, split_by_position, train_heads
+from tokenswift_cli.train.resume import StateMismatch
 from tokenswift_cli.train.run import texts_of
 
 
@@ -128,3 +131,64 @@ def test_texts_are_recovered_from_rows_for_the_long_windows() -> None:
     texts = [random_prompt(30, seed=5), random_prompt(20, seed=6)]
     rows = Rows.concat([teacher_forced(model, t, heads=3) for t in texts])
     assert texts_of(rows) == [t[2:] for t in texts]
+
+
+def test_interrupted_training_resumes_to_the_same_heads(tmp_path: Path) -> None:
+    model, rows = _rows(tokens=48)
+    weight = lm_head_weight(model)
+    cfg = TrainConfig(steps=12, batch_size=16, lr=3e-3, warmup=3)
+
+    def fresh() -> DraftHeads:
+        return DraftHeads.for_model(model.config, 3, norm_weight=model.model.norm.weight)
+
+    whole = fresh()
+    assert train_heads(whole, weight, rows, cfg) == 12
+
+    def interrupt(report: object) -> None:
+        if report.step == 5:  # type: ignore[attr-defined]
+            raise KeyboardInterrupt
+
+    state = tmp_path / "heads.state.pt"
+    first = fresh()
+    assert train_heads(first, weight, rows, cfg, on_step=interrupt, state_file=state, checkpoint_every=4) == 5
+    assert state.is_file()
+    resumed = fresh()  # a new process: everything comes from the state file
+    assert train_heads(resumed, weight, rows, cfg, state_file=state) == 12
+    assert not state.is_file()  # finished: nothing left to resume
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    train_heads(fresh(), weight, rows, cfg, on_step=interrupt, state_file=state)
+    with pytest.raises(StateMismatch):
+        train_heads(fresh(), weight, rows, TrainConfig(steps=12, batch_size=8), state_file=state)
+
+
+def test_parallel_heads_all_read_the_model_state() -> None:
+    model, rows = _rows()
+    heads = DraftHeads.for_model(model.config, 3, chained=False)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.linear.weight, std=0.1)
+    hidden = rows.hidden.float()[:4]
+    states = heads(hidden)
+    for i, block in enumerate(heads.blocks):
+        assert torch.allclose(states[:, i], block(hidden)[1])
+    heads.chained = True
+    assert not torch.allclose(heads(hidden)[:, 2], states[:, 2])
+
+
+def test_past_the_writing_deadline_no_new_batch_starts() -> None:
+    model = tiny_model("llama-mha")
+    prompts = [random_prompt(5, seed=s) for s in range(6)]
+    cfg = DistillConfig(new_tokens=6, batch_size=2)
+    rows = self_distill(model, prompts, cfg, heads=2, deadline=0.0)  # long past: the first batch only
+    assert rows.size == 2 * (6 - 2)
+    assert self_distill(model, prompts, cfg, heads=2).size == 6 * (6 - 2)
+
+
+def test_parallel_heads_load_back_parallel(tmp_path: Path) -> None:
+    from tokenswift_cli.model.heads import load_heads, read_metadata, save_heads
+
+    model = tiny_model("llama-gqa")
+    for chained in (False, True):
+        save_heads(DraftHeads.for_model(model.config, 2, chained=chained), tmp_path / "h.safetensors", {})
+        assert read_metadata(tmp_path / "h.safetensors")["chained"] == str(chained).lower()
+        assert load_heads(tmp_path / "h.safetensors", model.config).chained is chained

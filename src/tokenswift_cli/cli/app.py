@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from tokenswift_cli import __version__
-from tokenswift_cli.cli import bench, eval, heads, resume, runs, write
+from tokenswift_cli.cli import bench, eval, heads, resume, runs, train_heads, write
 from tokenswift_cli.cli.errors import OneLineErrors
 
 app = typer.Typer(
@@ -45,6 +45,7 @@ def _root(
 write.register(app)
 resume.register(app)
 runs.register(app)
+train_heads.register(app)
 heads.register(app)
 bench.register(app)
 eval.register(app)

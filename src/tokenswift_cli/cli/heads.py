@@ -1,13 +1,12 @@
-"""Commands for draft heads: `train-heads`, and `heads import | eval | info`.
+"""Commands for draft heads: `heads import | eval | info` (`train-heads` is in train_heads.py).
 
-Thin wrappers: they parse, call `train_run` / `heads`, and render progress and tables on stderr.
+Thin wrappers: they parse, call `train.run` / `model.heads`, and render progress and tables on stderr.
 Nothing heavy is imported at module load, so `tokenswift --help` stays instant.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,17 +14,18 @@ import typer
 
 from tokenswift_cli.cli.errors import errors
 from tokenswift_cli.cli.help import Command, Group
-from tokenswift_cli.cli.options import ModelOpt
+from tokenswift_cli.cli.options import DeviceOpt, ModelOpt
 
 if TYPE_CHECKING:
     from tokenswift_cli.train.fit import Accuracy
 
-TRAIN_EXAMPLE = "Example: tokenswift train-heads --minutes 60 --data novel.txt --out my-heads.safetensors"
 IMPORT_EXAMPLE = (
     "Example: tokenswift heads import ./TokenSwift-llama3.1-8b --out llama3.1-8b.safetensors "
     "--model meta-llama/Llama-3.1-8B"
 )
-EVAL_EXAMPLE = "Example: tokenswift heads eval my-heads.safetensors --text novel.txt --tokens 8192"
+EVAL_EXAMPLE = (
+    "Example: tokenswift heads eval my-heads.safetensors --text novel.txt --prefix-tokens 256 --prefix-tokens 4096"
+)
 INFO_EXAMPLE = "Example: tokenswift heads info my-heads.safetensors"
 
 TextFiles = Annotated[
@@ -35,8 +35,7 @@ TextFiles = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    """Add `train-heads` and the `heads` group to the main app."""
-    app.command("train-heads", cls=Command, epilog=TRAIN_EXAMPLE)(train_heads_command)
+    """Add the `heads` group to the main app."""
     group = typer.Typer(
         cls=Group, help=f"Draft heads: import published ones, measure, inspect.\n\n{INFO_EXAMPLE}", no_args_is_help=True
     )
@@ -53,87 +52,6 @@ def default_out(model: str) -> Path:
 
     name = SHIPPED.get(model) or f"{Path(model).name.removesuffix('.gguf')}.safetensors"
     return home_dir() / "heads" / name
-
-
-@errors()
-def train_heads_command(
-    model: ModelOpt = "default",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Heads file to write.", show_default=False)] = None,
-    num_heads: Annotated[int, typer.Option("--num-heads", min=1, help="K: heads to train.")] = 3,
-    data: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--data", help="Also train on this text file (repeatable); --samples 0 for files only.", show_default=False
-        ),  # fmt: skip
-    ] = None,
-    samples: Annotated[int, typer.Option(help="Texts the model writes itself.", min=0)] = 32,
-    sample_tokens: Annotated[int, typer.Option(help="Tokens per self-written text.", min=8)] = 512,
-    long_windows: Annotated[int, typer.Option(help="Long windows: the texts joined and read back.", min=0)] = 2,
-    long_tokens: Annotated[int, typer.Option(help="Tokens per long window.", min=8)] = 4096,
-    target: Annotated[str, typer.Option(help="soft (the model's distribution) or hard (the token).")] = "soft",
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 1500,
-    batch_size: Annotated[int, typer.Option(min=1, help="Rows per step.")] = 256,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
-    minutes: Annotated[float | None, typer.Option(help="Stop training after this many minutes.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of prompts, sampling and batches.")] = 0,
-    eval_text: TextFiles = None,
-) -> None:
-    """Train draft heads for a model (the model stays frozen). Ctrl-C stops training and still saves."""
-    from tokenswift_cli.config import ConfigError, ModelSpec
-    from tokenswift_cli.model.loading import load_model
-    from tokenswift_cli.train.data import Rows
-    from tokenswift_cli.train.fit import TrainConfig
-    from tokenswift_cli.train.run import (
-        DataConfig,
-        HeadsReport,
-        distilled_rows,
-        file_rows,
-        fit,
-        held_out_accuracy,
-        training_metadata,
-    )
-
-    if target not in ("soft", "hard"):
-        raise ConfigError("--target must be soft or hard")
-    cfg = TrainConfig(target=target, steps=steps, batch_size=batch_size, lr=lr, seed=seed,  # type: ignore[arg-type]
-                      max_seconds=minutes * 60 if minutes else None)  # fmt: skip
-    files = tuple(str(f) for f in data or ())
-    data_cfg = DataConfig(
-        samples=samples, sample_tokens=sample_tokens, long_windows=long_windows, long_tokens=long_tokens,
-        files=files, seed=seed,
-    )  # fmt: skip
-    out = out or default_out(model)
-    loaded = load_model(ModelSpec(name=model, weights="dense"), attn_implementation="sdpa")
-    with _progress() as bar:
-        task = bar.add_task("writing training text", total=None)
-        update = lambda name, done, total: bar.update(task, description=name, completed=done, total=total)  # noqa: E731
-        rows, held_out = distilled_rows(loaded, data_cfg, heads=num_heads, progress=update)
-        if files:
-            bar.update(task, description="reading text files")
-            rows = Rows.concat([rows, file_rows(loaded, files, window=data_cfg.file_tokens, heads=num_heads)])
-    _say(f"{rows.size} training rows, {held_out.size} held-out rows")
-    with _progress() as bar:
-        task = bar.add_task("training", total=cfg.steps)
-
-        def show(report: Any) -> None:
-            heads_acc = " ".join(f"{a:.2f}" for a in report.top1)
-            bar.update(task, completed=report.step, description=f"loss {report.loss:.3f} top-1 {heads_acc}")
-            if bar.disable and report.step % 50 == 0:  # no live bar (not a terminal): a log line now and then
-                _say(f"step {report.step}/{cfg.steps} loss {report.loss:.3f} top-1 {heads_acc} {report.seconds:.0f}s")
-
-        base = {"base_model_name": loaded.name, "training": json.dumps(cfg.to_dict())}
-        started = time.monotonic()
-        heads, done = fit(loaded, rows, cfg, out=out, metadata=base, on_step=show)
-        seconds = time.monotonic() - started
-    slices = {"held-out": held_out}
-    if eval_text:
-        slices["eval-text"] = file_rows(loaded, [str(f) for f in eval_text], window=4096, heads=num_heads, limit=4096)
-    report = HeadsReport(steps=done, seconds=seconds, accuracy=held_out_accuracy(heads, loaded, slices))
-    from tokenswift_cli.model.heads import save_heads
-
-    save_heads(heads, out, training_metadata(loaded, data_cfg, cfg, report))
-    _accuracy_table(report.accuracy)
-    _say(f"wrote {out} ({done} steps)")
 
 
 @errors()
@@ -161,32 +79,72 @@ def import_command(
     except HeadsError as error:
         raise typer.BadParameter(str(error)) from None
     save_heads(heads, out, metadata)
-    _say(f"wrote {out}: {heads.num_heads} heads, hidden size {heads.hidden_size}")
+    say(f"wrote {out}: {heads.num_heads} heads, hidden size {heads.hidden_size}")
 
 
 @errors()
 def eval_command(
-    heads_path: Annotated[Path, typer.Argument(help="Heads file (.safetensors).")],
-    text: Annotated[list[Path], typer.Option("--text", help="Text file to measure on (repeatable).")],
+    heads_path: Annotated[str, typer.Argument(help="Heads file (.safetensors), or 'default' (the shipped heads).")],
+    text: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--text", help="Text file to measure on (repeatable; default: the held-out text).", show_default=False
+        ),
+    ] = None,
     model: ModelOpt = "default",
-    tokens: Annotated[int, typer.Option(help="Tokens read from each file (from its start).", min=16)] = 4096,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the accuracy as JSON.")] = False,
+    device: DeviceOpt = "cpu",
+    tokens: Annotated[
+        int, typer.Option(help="Tokens read from each file for the accuracy (from its start).", min=16)
+    ] = 4096,
+    prefix_tokens: Annotated[
+        list[int] | None,
+        typer.Option(
+            help="Tokens per file before the model writes (repeatable: short and long) [default: 1024].",
+            show_default=False,
+        ),
+    ] = None,
+    new_tokens: Annotated[int, typer.Option(help="Tokens the model writes after each prefix.", min=2)] = 512,
+    seed: Annotated[int, typer.Option(help="Seed of the written text.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
-    """Per-head top-1/top-3 accuracy on text files, at short and long positions."""
-    from tokenswift_cli.config import ModelSpec
+    """Per-head top-1/top-3 against the model's own next tokens at short and long positions, and the tokens
+    per step of the paper's tree at the paper's sampling, with and without the heads, beside the oracle."""
+    from dataclasses import asdict, replace
+
+    from tokenswift_cli.config import DraftConfig, ModelSpec
+    from tokenswift_cli.data import HELD_OUT_TEXT
     from tokenswift_cli.model.heads import resolve_heads
-    from tokenswift_cli.model.loading import load_model
+    from tokenswift_cli.model.loading import end_of_text_ids, load_model
+    from tokenswift_cli.sampling.defaults import PAPER
+    from tokenswift_cli.train.acceptance import replay_file
     from tokenswift_cli.train.run import file_rows, held_out_accuracy
 
-    loaded = load_model(ModelSpec(name=model, weights="dense"), attn_implementation="sdpa")
-    heads, _ = resolve_heads(str(heads_path), loaded)
-    assert heads is not None
-    rows = file_rows(loaded, [str(t) for t in text], window=tokens, heads=heads.num_heads, limit=tokens)
+    files = text or [HELD_OUT_TEXT]
+    loaded = load_model(ModelSpec(name=model, weights="dense", dtype="float32", device=device),
+                        attn_implementation="sdpa")  # fmt: skip
+    heads, _ = resolve_heads(heads_path, loaded)
+    if heads is None:
+        raise typer.BadParameter(f"no heads to measure: {heads_path}")
+    heads = heads.to(loaded.model.device)
+    rows = file_rows(loaded, [str(t) for t in files], window=tokens, heads=heads.num_heads, limit=tokens)
     accuracy = held_out_accuracy(heads, loaded, {"text": rows})
+    sampling = replace(PAPER, seed=seed, suppress_token_ids=tuple(end_of_text_ids(loaded)))
+    replays = [
+        {"file": f.name, **replay_file(loaded, heads, f.read_text(encoding="utf-8"), prefix_tokens=n,
+                                       new_tokens=new_tokens, sampling=sampling).to_dict()}
+        for f in files for n in prefix_tokens or [1024]
+    ]  # fmt: skip
+    report = {
+        "heads": heads_path, "model": loaded.name, "device": str(loaded.model.device),
+        "settings": {"sampling": asdict(replace(sampling, script_filter=None)), "tree": list(DraftConfig().tree),
+                     "ngram_top_k": DraftConfig().ngram_top_k, "new_tokens": new_tokens},
+        "accuracy": {k: v.to_dict() for k, v in accuracy.items()}, "tokens_per_step": replays,
+    }  # fmt: skip
     if as_json:
-        typer.echo(json.dumps({k: v.to_dict() for k, v in accuracy.items()}, indent=1))
+        typer.echo(json.dumps(report, indent=1))
     else:
-        _accuracy_table(accuracy)
+        accuracy_table(accuracy)
+        replay_table(replays)
 
 
 @errors()
@@ -206,7 +164,7 @@ def _maybe_json(value: str) -> object:
         return value
 
 
-def _progress() -> Any:
+def progress_bar() -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -215,11 +173,11 @@ def _progress() -> Any:
                     console=console, disable=not console.is_terminal)  # fmt: skip
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def _accuracy_table(accuracy: dict[str, Accuracy]) -> None:
+def accuracy_table(accuracy: dict[str, Accuracy]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -227,4 +185,17 @@ def _accuracy_table(accuracy: dict[str, Accuracy]) -> None:
     fmt = lambda xs: " ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     for name, acc in accuracy.items():
         table.add_row(name, str(acc.rows), fmt(acc.top1), fmt(acc.top3), fmt(acc.model_top1), fmt(acc.model_top3))
+    Console(stderr=True).print(table)
+
+
+def replay_table(replays: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("text", "prefix", "tokens", "with heads", "no heads", "oracle", "heads, no lag", "none, no lag",
+                  "drawn top-1 / top-3", title="tokens per step: the paper's tree and sampling")  # fmt: skip
+    for r in replays:
+        rates = (r["heads"], r["no_heads"], r["oracle"], r["heads_no_lag"], r["no_heads_no_lag"])
+        table.add_row(r["file"], str(r["prefix_tokens"]), str(r["tokens"]), *(f"{x:.3f}" for x in rates),
+                      f"{r['drawn_top1']:.2f} / {r['drawn_top3']:.2f}")  # fmt: skip
     Console(stderr=True).print(table)

@@ -8,3 +8,5 @@ DATA = Path(__file__).resolve().parent
 HEADS = DATA / "heads"
 TEXTS = DATA / "texts"
 DEFAULT_TEXT = TEXTS / "milton-paradise-lost.txt"
+# Held out: no training reads it (`train-heads --data` refuses it), so heads are measured on it.
+HELD_OUT_TEXT = DEFAULT_TEXT

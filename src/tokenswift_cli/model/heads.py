@@ -1,9 +1,11 @@
-"""Draft heads (TokenSwift step 1): K residual blocks chained on the model's pre-norm hidden state.
+"""Draft heads (TokenSwift step 1): K residual blocks on the model's pre-norm hidden state.
 
-Head i maps `h_i` to `h_{i+1} = h_i + W_i · input_norm_i(h_i)`; its logits are
-`lm_head(post_norm_i(h_{i+1}))` and predict the token i+2 positions after the hidden state's own.
-The state-dict layout `medusa_layers.{i}.linear / input_layernorm / post_layernorm` is the one of
-the published TokenSwift adapters, so those load as they are.
+Chained (the reference): head i maps `h_i` to `h_{i+1} = h_i + W_i · input_norm_i(h_i)`, `h_0` the
+model's state. Parallel (Medusa's): every head reads `h_0`, `h'_i = h_0 + W_i · input_norm_i(h_0)`.
+Head i's logits are `lm_head(post_norm_i(...))` and predict the token i+2 positions after the
+hidden state's own. The state-dict layout `medusa_layers.{i}.linear / input_layernorm /
+post_layernorm` is the one of the published TokenSwift adapters, so those load as they are; the
+metadata key `chained` ("false") marks parallel heads.
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ class HeadBlock(nn.Module):
 
 
 class DraftHeads(nn.Module):
-    """K chained heads; `forward` gives the K normalised states to send through the lm_head."""
+    """K heads, chained or parallel; `forward` gives the K normalised states to send through the lm_head."""
 
-    def __init__(self, hidden_size: int, num_heads: int = 3, eps: float = 1e-5) -> None:
+    def __init__(self, hidden_size: int, num_heads: int = 3, eps: float = 1e-5, *, chained: bool = True) -> None:
         super().__init__()
         self.hidden_size = hidden_size
+        self.chained = chained
         self.medusa_layers = nn.ModuleList(HeadBlock(hidden_size, eps) for _ in range(num_heads))
 
     @property
@@ -60,12 +63,15 @@ class DraftHeads(nn.Module):
         states = []
         hidden = pre_norm
         for block in self.medusa_layers:
-            hidden, normed = block(hidden)
+            nxt, normed = block(hidden)
+            hidden = nxt if self.chained else pre_norm
             states.append(normed)
         return torch.stack(states, dim=-2)
 
     @classmethod
-    def for_model(cls, config: object, num_heads: int = 3, *, norm_weight: torch.Tensor | None = None) -> DraftHeads:
+    def for_model(
+        cls, config: object, num_heads: int = 3, *, norm_weight: torch.Tensor | None = None, chained: bool = True
+    ) -> DraftHeads:
         """Heads sized for a model config, initialised to the identity residual (W = 0).
 
         With `norm_weight` (the model's final norm), every head starts out predicting exactly what
@@ -73,7 +79,7 @@ class DraftHeads(nn.Module):
         """
         hidden = int(config.hidden_size)  # type: ignore[attr-defined]
         eps = float(getattr(config, "rms_norm_eps", 1e-5))
-        heads = cls(hidden, num_heads, eps)
+        heads = cls(hidden, num_heads, eps, chained=chained)
         for block in heads.blocks:
             nn.init.zeros_(block.linear.weight)
             if norm_weight is not None:
@@ -91,7 +97,8 @@ HEADS_PREFIX = "medusa_layers."
 def save_heads(heads: DraftHeads, path: Path, metadata: dict[str, str]) -> None:
     """Write heads as safetensors (`medusa_layers.*`) with string metadata, atomically."""
     tensors = {k: v.detach().float().contiguous().cpu() for k, v in heads.state_dict().items()}
-    meta = {"num_heads": str(heads.num_heads), "hidden_size": str(heads.hidden_size), **metadata}
+    meta = {"num_heads": str(heads.num_heads), "hidden_size": str(heads.hidden_size),
+            "chained": str(heads.chained).lower(), **metadata}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata=meta)
@@ -119,7 +126,7 @@ def load_heads(
     except Exception as error:  # safetensors raises several types for a damaged file
         raise HeadsError(f"cannot read heads file {path}: {error}") from None
     _check_identity(path, metadata, fingerprint, gguf_sha256)
-    return heads_from_state(state, config, origin=str(path))
+    return heads_from_state(state, config, origin=str(path), chained=metadata.get("chained", "true") != "false")
 
 
 def _check_identity(path: Path, metadata: dict[str, str], fingerprint: str | None, gguf: str | None) -> None:
@@ -133,7 +140,9 @@ def _check_identity(path: Path, metadata: dict[str, str], fingerprint: str | Non
         raise HeadsError(f"heads in {path} were trained for another model (fingerprint {expected[:12]})")
 
 
-def heads_from_state(state: dict[str, torch.Tensor], config: object, *, origin: str = "checkpoint") -> DraftHeads:
+def heads_from_state(
+    state: dict[str, torch.Tensor], config: object, *, origin: str = "checkpoint", chained: bool = True
+) -> DraftHeads:
     """Build heads from any state dict holding `...medusa_layers.{i}.*` (a prefix such as `model.` is dropped)."""
     state = {k[k.index(HEADS_PREFIX) :]: v.float() for k, v in state.items() if HEADS_PREFIX in k}
     indices = {int(k.split(".")[1]) for k in state}
@@ -146,7 +155,7 @@ def heads_from_state(state: dict[str, torch.Tensor], config: object, *, origin: 
     width = state[key].shape[-1] if key in state else None
     if width != hidden:
         raise HeadsError(f"heads in {origin} are for hidden size {width}, the model has {hidden}")
-    heads = DraftHeads(hidden, len(indices), float(getattr(config, "rms_norm_eps", 1e-5)))
+    heads = DraftHeads(hidden, len(indices), float(getattr(config, "rms_norm_eps", 1e-5)), chained=chained)
     try:
         heads.load_state_dict(state)
     except RuntimeError as error:

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,10 @@ class Rows:
         return int(self.targets.shape[1])
 
     def take(self, index: torch.Tensor) -> Rows:
-        return Rows(*(t[index] for t in self._tensors()))
+        return Rows(*(t[index.to(t.device)] for t in self._tensors()))
+
+    def to(self, device: torch.device | str) -> Rows:
+        return Rows(*(t.to(device) for t in self._tensors()))
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.hidden, self.targets, self.teacher_ids, self.teacher_logp, self.positions)
@@ -166,11 +170,13 @@ def self_distill(
     suppress: Sequence[int] = (),
     folder: Path | None = None,
     on_batch: Callable[[int], None] | None = None,
+    deadline: float | None = None,
 ) -> Rows:
     """Rows from the model's own continuations of `prompts` (token ids), `cfg.batch_size` at a time.
 
     With `folder` (one per model), each batch's rows are saved there under a key of its prompts and
-    settings, and reused by a later call: an interrupted run resumes where it stopped.
+    settings, and reused by a later call: an interrupted run resumes where it stopped. Past
+    `deadline` (`time.monotonic()`), no new batch is written: the rows so far are returned.
     """
     processors = LogitsProcessorList([WindowPenalty(cfg.penalty, cfg.penalty_window), MinPLogitsWarper(cfg.min_p)])
     if suppress:
@@ -181,6 +187,8 @@ def self_distill(
         path = folder / f"batch-{_batch_key(cfg, batch, index)}.safetensors" if folder is not None else None
         if path is not None and path.is_file():
             parts.append(Rows.load(path))
+        elif deadline is not None and parts and time.monotonic() >= deadline:
+            break
         else:
             torch.manual_seed(cfg.seed + index)
             parts.append(Rows.concat(_distill_batch(model, batch, cfg.new_tokens, processors, heads)))
@@ -202,16 +210,17 @@ def _distill_batch(
 ) -> list[Rows]:
     width = max(len(p) for p in prompts)
     pad = 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padded [B, P]
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)  # left padded [B, P]
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     with capture_last(model) as records:
         out = model.generate(  # type: ignore[operator]
             input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             do_sample=True, temperature=1.0, top_k=None, top_p=None, logits_processor=processors, pad_token_id=pad,
-        )  # fmt: skip
+        ).cpu()  # fmt: skip
     steps = len(records)
-    hidden = torch.stack([h for h, _ in records], dim=1)  # [B, steps, H]
-    top = torch.stack([t for _, t in records], dim=2)  # [2, B, steps, k]
+    hidden = torch.stack([h for h, _ in records], dim=1).cpu()  # [B, steps, H]
+    top = torch.stack([t for _, t in records], dim=2).cpu()  # [2, B, steps, k]
+    records.clear()  # the device's copies can go before the rows are cut
     rows = []
     for b, prompt in enumerate(prompts):
         tokens = out[b, width - 1 : width + steps]  # last prompt token, then the generated ones
@@ -224,14 +233,21 @@ def _distill_batch(
 def teacher_forced(model: PreTrainedModel, tokens: Sequence[int], *, heads: int, chunk: int = 512) -> Rows:
     """Rows of a text read by the model in one pass (all its positions): `tokens` starts at position 0."""
     ids = torch.tensor([list(tokens)])
+    pre_norm, post = read_states(model, ids[0])
+    lm_head = model.get_output_embeddings()
+    parts = [[t.cpu() for t in top_logprobs(lm_head(post[i : i + chunk]))] for i in range(0, post.shape[0], chunk)]
+    top = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))  # [T, k] each
+    return rows_from_sequence(ids[0], pre_norm.cpu()[:-1], (top[0][:-1], top[1][:-1]), offset=0, heads=heads)
+
+
+@torch.no_grad()
+def read_states(model: PreTrainedModel, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pre-norm, final) hidden states `[T, H]` of `tokens` `[T]` read in one pass, on the model's device."""
     hidden: list[torch.Tensor] = []
     norm = model.get_decoder().norm
     handle = norm.register_forward_pre_hook(lambda m, a: hidden.append(a[0][0].detach().float()))
     try:
-        post = model.get_decoder()(input_ids=ids).last_hidden_state[0]  # [T, H]
+        post = model.get_decoder()(input_ids=tokens[None].to(model.device)).last_hidden_state[0]  # [T, H]
     finally:
         handle.remove()
-    lm_head = model.get_output_embeddings()
-    parts = [top_logprobs(lm_head(post[i : i + chunk])) for i in range(0, post.shape[0], chunk)]
-    top = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))  # [T, k] each
-    return rows_from_sequence(ids[0], hidden[0][:-1], (top[0][:-1], top[1][:-1]), offset=0, heads=heads)
+    return hidden[0], post

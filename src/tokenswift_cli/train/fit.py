@@ -1,10 +1,11 @@
 """Training the draft heads with the base model frozen (TokenSwift step 1's heads, Medusa-style).
 
-Only the heads train: the rows (pre-norm hidden states and what follows them, see `train_data`)
+Only the heads train: the rows (pre-norm hidden states and what follows them, see `train.data`)
 are computed once. Each step scores a batch against the model's own `lm_head`, restricted to the
 tokens that occur in the batch's targets: the full 49K-token softmax would cost 10x more on a
 CPU, and the tokens left out have next to no probability under the teacher. `evaluate` always
-scores the full vocabulary, as the engine does.
+scores the full vocabulary, as the engine does. Everything runs on the `lm_head` weight's device;
+with a state file the loop is resumable (train/resume.py).
 """
 
 from __future__ import annotations
@@ -13,21 +14,25 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 
 from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.train.data import Rows
+from tokenswift_cli.train.resume import LoopState, load_state, run_key, save_state
 
 Target = Literal["soft", "hard"]
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings. `target` soft: the model's own top-k distribution; hard: the token there."""
+    """Optimisation settings. `target` soft: the model's own top-k distribution; hard: the token there.
+    `chained`: head i reads head i-1's state (the reference), else every head reads the model's."""
 
     target: Target = "soft"
+    chained: bool = True
     steps: int = 1500
     batch_size: int = 256
     lr: float = 2e-3
@@ -105,44 +110,63 @@ def train_heads(
     on_step: Callable[[StepReport], None] | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
     checkpoint_every: int = 250,
+    state_file: Path | None = None,
 ) -> int:
-    """Train `heads` in place on `rows`; returns the number of steps done.
+    """Train `heads` in place on `rows` (on `weight`'s device); returns the number of steps done.
 
     Ctrl-C (KeyboardInterrupt) or the time budget ends training after the current step, leaving
     usable heads; `on_checkpoint` runs every `checkpoint_every` steps so a crash loses little.
+    With `state_file`, a run continues from the state found there and saves its own at every
+    checkpoint and when it stops early, so that interrupted and resumed it ends as it would have
+    uninterrupted; a finished run removes it.
     """
-    generator = torch.Generator().manual_seed(cfg.seed)
+    rows = rows.to(weight.device)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    key = run_key({**cfg.to_dict(), "max_seconds": None, "rows": rows.size, "heads": heads.num_heads})
+    if state_file is not None and state_file.is_file():
+        loop = load_state(state_file, key, heads, optimizer)
+    else:
+        loop = LoopState.start(rows.size, heads.num_heads, cfg.seed)
     heads.train()
-    start, order, cursor = time.monotonic(), torch.randperm(rows.size, generator=generator), 0
-    loss_avg, top1_avg, step = 0.0, torch.zeros(heads.num_heads), 0
+    start = time.monotonic()
     try:
-        while step < cfg.steps:
-            if cursor + cfg.batch_size > rows.size:  # next epoch
-                order, cursor = torch.randperm(rows.size, generator=generator), 0
-            batch = rows.take(order[cursor : cursor + cfg.batch_size])
-            cursor += cfg.batch_size
-            for group in optimizer.param_groups:
-                group["lr"] = _lr_at(step, cfg)
-            loss, hits = head_loss(heads, weight, batch, cfg.target)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            decay = min(0.98, 1 - 1 / step)  # a plain mean at first, then an exponential average
-            loss_avg = decay * loss_avg + (1 - decay) * float(loss.detach())
-            top1_avg = decay * top1_avg + (1 - decay) * hits
+        while loop.step < cfg.steps:
+            _step(heads, weight, rows.take(loop.next_indices(cfg.batch_size)), optimizer, loop, cfg)
             elapsed = time.monotonic() - start
             if on_step is not None:
-                on_step(StepReport(step, loss_avg, tuple(top1_avg.tolist()), elapsed))
-            if on_checkpoint is not None and step % checkpoint_every == 0:
-                on_checkpoint(step)
+                on_step(StepReport(loop.step, loop.loss_avg, tuple(loop.top1_avg.tolist()), elapsed))
+            if loop.step % checkpoint_every == 0:
+                if state_file is not None:
+                    save_state(state_file, key, loop, heads, optimizer)
+                if on_checkpoint is not None:
+                    on_checkpoint(loop.step)
             if cfg.max_seconds is not None and elapsed >= cfg.max_seconds:
                 break
     except KeyboardInterrupt:
         pass  # the last completed step's weights stand
     heads.eval()
-    return step
+    if state_file is not None and loop.step < cfg.steps:
+        save_state(state_file, key, loop, heads, optimizer)
+    elif state_file is not None:
+        state_file.unlink(missing_ok=True)
+    return loop.step
+
+
+def _step(
+    heads: DraftHeads, weight: torch.Tensor, batch: Rows, optimizer: torch.optim.Optimizer, loop: LoopState,
+    cfg: TrainConfig,
+) -> None:  # fmt: skip
+    """One optimizer step on `batch`; advances the loop's step and running averages."""
+    for group in optimizer.param_groups:
+        group["lr"] = _lr_at(loop.step, cfg)
+    loss, hits = head_loss(heads, weight, batch, cfg.target)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    loop.step += 1
+    decay = min(0.98, 1 - 1 / loop.step)  # a plain mean at first, then an exponential average
+    loop.loss_avg = decay * loop.loss_avg + (1 - decay) * float(loss.detach())
+    loop.top1_avg = decay * loop.top1_avg + (1 - decay) * hits.cpu()
 
 
 @torch.no_grad()
@@ -150,9 +174,9 @@ def evaluate(heads: DraftHeads, weight: torch.Tensor, rows: Rows, *, chunk: int 
     """Top-1/top-3 accuracy of each head over the full vocabulary, as the engine drafts."""
     heads.eval()
     k = heads.num_heads
-    sums = torch.zeros(4, k)
+    sums = torch.zeros(4, k, device=weight.device)
     for start in range(0, rows.size, chunk):
-        batch = rows.take(torch.arange(start, min(rows.size, start + chunk)))
+        batch = rows.take(torch.arange(start, min(rows.size, start + chunk))).to(weight.device)
         top3 = (heads(batch.hidden.float()) @ weight.T).topk(3, dim=-1).indices  # [B, K, 3]
         for i, labels in enumerate((batch.targets, batch.teacher_ids[..., 0].long())):
             hit = top3 == labels[..., None]  # [B, K, 3]

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from tokenswift_cli.config import ConfigError
+from tokenswift_cli.data import HELD_OUT_TEXT
 from tokenswift_cli.model.heads import DraftHeads, model_identity, save_heads
 from tokenswift_cli.model.loading import LoadedModel, end_of_text_ids
 from tokenswift_cli.paths import cache_dir
@@ -49,6 +52,7 @@ class DataConfig:
     generation_dtype: str = "bfloat16"  # a bf16 copy writes ~1.5x faster on CPU; rows are read in fp32 later
     batch_size: int = 16
     seed: int = 0
+    write_minutes: float | None = None  # no new batch is written after this long: a time budget
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -56,10 +60,13 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class HeadsReport:
-    """What a training run measured: held-out accuracy per slice (e.g. "held-out <512")."""
+    """What a training run measured: its size and times, held-out accuracy per slice (e.g. "held-out <512")."""
 
     steps: int
     seconds: float
+    rows: int = 0
+    data_seconds: float = 0.0
+    device: str = "cpu"
     accuracy: dict[str, Accuracy] = field(default_factory=dict)
 
 
@@ -86,6 +93,7 @@ def distilled_rows(
     ]
     total = sum(len(p) for p, _ in jobs) * cfg.sample_tokens
     done, parts = 0, []
+    deadline = time.monotonic() + cfg.write_minutes * 60 if cfg.write_minutes is not None else None
     for chosen, seed in jobs:
         ids = [encode(loaded.tokenizer, p) for p in chosen]
         distill = DistillConfig(new_tokens=cfg.sample_tokens, batch_size=cfg.batch_size, seed=seed)
@@ -97,9 +105,8 @@ def distilled_rows(
                 progress("writing training text", done, total)
 
         suppress = list(end_of_text_ids(loaded))
-        rows = self_distill(
-            model, ids, distill, heads=heads, suppress=suppress, folder=rows_cache(loaded), on_batch=advance
-        )
+        rows = self_distill(model, ids, distill, heads=heads, suppress=suppress, folder=rows_cache(loaded),
+                            on_batch=advance, deadline=deadline)  # fmt: skip
         parts.append(rows)
     held_out, short = parts
     long = long_rows(loaded, short, windows=cfg.long_windows, length=cfg.long_tokens, heads=heads)
@@ -129,6 +136,16 @@ def long_rows(loaded: LoadedModel, rows: Rows, *, windows: int, length: int, hea
     return Rows.concat(parts)
 
 
+def check_training_files(files: Sequence[str]) -> tuple[str, ...]:
+    """The training files, refusing the text reserved for held-out evaluation (`data.HELD_OUT_TEXT`)."""
+    reserved = HELD_OUT_TEXT.read_bytes()
+    for name in files:
+        path = Path(name)
+        if path.is_file() and path.stat().st_size == len(reserved) and path.read_bytes() == reserved:
+            raise ConfigError(f"{name} is the held-out text ({HELD_OUT_TEXT.name}): heads are measured on it")
+    return tuple(files)
+
+
 def file_rows(loaded: LoadedModel, files: Sequence[str], *, window: int, heads: int, limit: int | None = None) -> Rows:
     """Rows of text files read teacher-forced in windows of `window` tokens (`limit`: per file)."""
     if loaded.tokenizer is None:
@@ -142,7 +159,7 @@ def file_rows(loaded: LoadedModel, files: Sequence[str], *, window: int, heads: 
     return Rows.concat(parts)
 
 
-def new_heads(loaded: LoadedModel, num_heads: int, rows: Rows | None = None) -> DraftHeads:
+def new_heads(loaded: LoadedModel, num_heads: int, rows: Rows | None = None, *, chained: bool = True) -> DraftHeads:
     """Heads that start out predicting what the base model predicts next.
 
     The pre-norm residual stream is large (RMS ~40 for SmolLM2-135M): starting the input norms at
@@ -150,12 +167,17 @@ def new_heads(loaded: LoadedModel, num_heads: int, rows: Rows | None = None) -> 
     after 150 steps than W at lr 1e-2 with unit norms).
     """
     norm = loaded.model.get_decoder().norm.weight
-    heads = DraftHeads.for_model(loaded.model.config, num_heads, norm_weight=norm)
+    heads = DraftHeads.for_model(loaded.model.config, num_heads, norm_weight=norm.cpu(), chained=chained)
     if rows is not None and rows.size:
         scale = float(rows.hidden[:4096].float().pow(2).mean(-1).sqrt().mean())
         for block in heads.blocks:
             block.input_layernorm.weight.data.fill_(scale)
     return heads
+
+
+def state_path(out: Path) -> Path:
+    """The resumable training state beside the heads file: present only while a run is unfinished."""
+    return out.with_name(out.name + ".state")
 
 
 def fit(
@@ -167,12 +189,13 @@ def fit(
     metadata: dict[str, str],
     on_step: Callable[[StepReport], None] | None = None,
 ) -> tuple[DraftHeads, int]:
-    """Train new heads on `rows`, checkpointing to `out` as it goes; returns them and the steps done."""
+    """Train new heads on `rows` on the model's device, checkpointing to `out` (usable heads) and to
+    `state_path(out)` (the loop's state: a later call with the same settings continues there)."""
     torch.manual_seed(cfg.seed)
-    heads = new_heads(loaded, rows.num_heads, rows)
+    heads = new_heads(loaded, rows.num_heads, rows, chained=cfg.chained).to(loaded.model.device)
     weight = lm_head_weight(loaded.model)
     save = lambda step: save_heads(heads, out, {**metadata, "steps": str(step), "complete": "false"})  # noqa: E731
-    steps = train_heads(heads, weight, rows, cfg, on_step=on_step, on_checkpoint=save)
+    steps = train_heads(heads, weight, rows, cfg, on_step=on_step, on_checkpoint=save, state_file=state_path(out))
     return heads, steps
 
 
@@ -195,8 +218,13 @@ def training_metadata(loaded: LoadedModel, data: DataConfig, train: TrainConfig,
         "format": "tokenswift-heads-v1",
         "data": json.dumps(data.to_dict()),
         "training": json.dumps(train.to_dict()),
+        "target": train.target,
         "steps": str(report.steps),
+        "rows": str(report.rows),
+        "device": report.device,
+        "data_seconds": f"{report.data_seconds:.0f}",
         "train_seconds": f"{report.seconds:.0f}",
+        "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "accuracy": json.dumps({k: v.to_dict() for k, v in report.accuracy.items()}),
         "complete": "true",
     }
