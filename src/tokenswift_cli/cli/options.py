@@ -44,9 +44,7 @@ PrefixOpt = Annotated[
 ]
 PromptOpt = Annotated[
     str | None,
-    typer.Option(
-        "--prompt", help="A request to an instruct model, through its chat template.", show_default=False
-    ),
+    typer.Option("--prompt", help="A request to an instruct model, through its chat template.", show_default=False),
 ]
 PromptFileOpt = Annotated[
     str | None,

@@ -44,9 +44,7 @@ def resume(
         from tokenswift_cli.runs import runner
 
         runner.use_threads(threads)
-        output = runner.Output(
-            out=out, checkpoint_every=checkpoint_every, quiet=quiet, command=program_name()
-        )
+        output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet, command=program_name())
         code = runner.resume(
             run=run, tokens=target, runs_dir=runs_dir, output=output, renderer=make_renderer(quiet=quiet)
         )

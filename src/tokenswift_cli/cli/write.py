@@ -80,7 +80,7 @@ from tokenswift_cli.sampling.scripts import parse_scripts
 if TYPE_CHECKING:
     from tokenswift_cli.model.chat import ChatRequest
 
-EXAMPLE = "Example: tokenswift write --prompt \"Write a long story about a lighthouse keeper\" --tokens 20k > story.txt"
+EXAMPLE = 'Example: tokenswift write --prompt "Write a long story about a lighthouse keeper" --tokens 20k > story.txt'
 
 
 def register(app: typer.Typer) -> None:
@@ -169,9 +169,7 @@ def write(
         from tokenswift_cli.runs import runner
 
         runner.use_threads(threads)
-        output = runner.Output(
-            out=out, checkpoint_every=checkpoint_every, quiet=quiet, command=program_name()
-        )
+        output = runner.Output(out=out, checkpoint_every=checkpoint_every, quiet=quiet, command=program_name())
         text, request = _what_to_write(prefix, prompt, prompt_file, system)
         code = runner.write(
             prefix=text, request=request, config=config, model=spec, heads=heads, runs_dir=runs_dir, output=output,

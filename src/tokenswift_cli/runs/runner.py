@@ -149,7 +149,9 @@ def write(
             "heads": loaded.heads_settings,
             "output": {"out": str(output.out.expanduser().absolute()) if output.out else None},  # resume continues it
             "prefix": {
-                "file": runs.PREFIX, "tokens": len(prompt), "bytes": len(prefix.encode()),
+                "file": runs.PREFIX,
+                "tokens": len(prompt),
+                "bytes": len(prefix.encode()),
                 "request": request.to_dict() if request is not None else None,  # the prefix is its template
             },  # fmt: skip
         }
