@@ -199,6 +199,38 @@ def test_q8_head_recovers_q8_0_and_gives_each_row_its_own_logits() -> None:
         assert torch.equal(head.logits(hidden[row : row + 1])[0], logits[row])
 
 
+def q8_reference(hidden: torch.Tensor, head) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """q8_logits.cpp's documented order in float64 emulation: per group of 32, lo * x, fused with
+    hi * x', fused into the 16-lane accumulator at the group's scale; lanes folded l + (l + 8), + 4, + 2, + 1.
+    A fused a * b + c is exact in float64 before its one rounding to float32 (but for a rare double rounding)."""
+
+    def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return (a.double() * b.double() + c.double()).float()
+
+    values = head.values.float().reshape(head.values.shape[0], -1, 2, 16)  # [V, G, 2, 16]
+    x = hidden.float().reshape(hidden.shape[0], 1, -1, 2, 16)  # [R, 1, G, 2, 16]
+    acc = torch.zeros(hidden.shape[0], values.shape[0], 16)
+    for g in range(values.shape[1]):
+        part = fma(values[:, g, 1], x[:, :, g, 1], values[:, g, 0] * x[:, :, g, 0])
+        acc = fma(head.scales[:, g, None].expand(-1, 16), part, acc)
+    for width in (8, 4, 2, 1):
+        lanes = torch.arange(16)
+        acc = acc + acc[..., lanes ^ width]
+    return acc[..., 0]
+
+
+def test_q8_logits_follow_their_documented_order_bit_for_bit() -> None:
+    from tokenswift_cli.backends.cpu.q8_head import Q8Head
+
+    head = Q8Head.from_weight(q8_weight(1000, 576, seed=3, scale=0.2))
+    assert head is not None
+    hidden = torch.randn(10, 576, generator=torch.Generator().manual_seed(4))
+    expected = q8_reference(hidden, head)
+    for rows in (1, 3, 10):  # one row, a part of the kernels' row blocks, several blocks
+        got = head.logits(hidden[:rows])
+        assert (got != expected[:rows]).sum() <= 1, "the head's arithmetic changed order on this CPU"
+
+
 def test_tokenswift_equals_plain_with_a_q8_head() -> None:
     from conftest import tiny_model
     from helpers import first_divergence, random_heads, random_prompt

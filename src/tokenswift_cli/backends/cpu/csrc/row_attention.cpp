@@ -45,6 +45,36 @@ constexpr int64_t kGroup = 4;  // lanes whose value sums stay in registers toget
 
 // The same tree for 16 vectors at once: lane i of the result is fold(a[i]), bit for bit.
 inline v16 fold16(const v16* a) {
+#if defined(SIMD_AVX2)
+  // The same tree on halves (lo = lanes 0-7, hi = 8-15), with AVX2's in-register shuffles: GCC would
+  // move the generic shuffles below lane by lane through memory.
+  using simd::high;
+  using simd::join;
+  using simd::low;
+  __m256 l1[8][2], l2[4][2], l3[2][2];
+  for (int i = 0; i < 8; ++i)  // lanes l + (l + 8): a vector's two halves
+    for (int h = 0; h < 2; ++h) l1[i][h] = _mm256_add_ps(low(a[2 * i + h]), high(a[2 * i + h]));
+  for (int i = 0; i < 4; ++i)  // + 4: the 128-bit quarters of each half
+    for (int h = 0; h < 2; ++h) {
+      const __m256 x = l1[2 * i + h][0], y = l1[2 * i + h][1];
+      l2[i][h] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+    }
+  for (int i = 0; i < 2; ++i)  // + 2: pairs of lanes
+    for (int h = 0; h < 2; ++h) {
+      const __m256d x = _mm256_castps_pd(l2[2 * i + h][0]), y = _mm256_castps_pd(l2[2 * i + h][1]);
+      l3[i][h] = _mm256_add_ps(_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_unpacklo_pd(x, y), 0xD8)),
+                               _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_unpackhi_pd(x, y), 0xD8)));
+    }
+  __m256 out[2];
+  for (int h = 0; h < 2; ++h) {  // + 1: even and odd lanes
+    const __m256 x = l3[h][0], y = l3[h][1];
+    const __m256d even = _mm256_castps_pd(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m256d odd = _mm256_castps_pd(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+    out[h] = _mm256_add_ps(_mm256_castpd_ps(_mm256_permute4x64_pd(even, 0xD8)),
+                           _mm256_castpd_ps(_mm256_permute4x64_pd(odd, 0xD8)));
+  }
+  return join(out[0], out[1]);
+#else
   v16 l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; ++i)  // per pair: lanes l + (l + 8) of each, 8 lanes apiece
     l1[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
@@ -57,6 +87,7 @@ inline v16 fold16(const v16* a) {
             __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
   return __builtin_shufflevector(l3[0], l3[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          __builtin_shufflevector(l3[0], l3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#endif
 }
 
 // Per lane: query chunk 0 times key chunk 0, then the other chunks fused in, in order.
@@ -259,6 +290,9 @@ void value_sums_of(int64_t lanes, const Held<T>& held, const float* const* w, in
 inline v16 floor16(v16 t) {
 #if defined(__AVX512F__)
   return reinterpret_cast<v16>(_mm512_roundscale_ps(reinterpret_cast<__m512>(t), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+#elif defined(SIMD_AVX2)
+  return simd::join(_mm256_round_ps(simd::low(t), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
+                    _mm256_round_ps(simd::high(t), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
 #else
   typedef int32_t i16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
   const v16 n = __builtin_convertvector(__builtin_convertvector(t, i16), v16);  // toward zero, then down
