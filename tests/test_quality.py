@@ -152,6 +152,26 @@ def test_stretches_flag_loops_and_run_together_words_but_not_prose() -> None:
     assert found[4].listing and not found[4].looping  # a list of varied names compresses like prose
 
 
+def test_a_chant_is_degenerate_and_anaphora_in_prose_is_not() -> None:
+    from tokenswift_cli.quality.text import chant_share
+
+    chant = "Tomorrow answered your prayers. Tomorrow buried your dead. Tomorrow passed. Tomorrow woke you up. "
+    assert chant_share(chant * 2) == 1.0
+    # three clauses opening alike among others, as prose has them: under the threshold
+    prose = (
+        "The keeper rose early. The lamp was cold. The wind had dropped. Nothing else moved on the island that "
+        "morning, which pleased him greatly as he climbed the long stair to the lantern room above the sea."
+    )
+    assert 0.2 < chant_share(prose) < 0.5
+    assert chant_share("We went. They stayed. We left.") == 0.0  # not in a row
+    book = DEFAULT_TEXT.read_text(encoding="utf-8")[20_000:20_500]
+    words = DEFAULT_TEXT.read_text(encoding="utf-8")[30_000:40_000].split()
+    varied = " ".join(f"Tomorrow {words[3 * i]} {words[3 * i + 1]}." for i in range(100))  # nothing to compress
+    found = stretches([ord(c) for c in book + varied[:500]], CharTokenizer())
+    assert [s.chanting for s in found] == [False, True] and [s.degenerate for s in found] == [False, True]
+    assert not (found[1].looping or found[1].listing or found[1].run_together)  # only this measure sees it
+
+
 def test_evaluate_without_model_skips_perplexity() -> None:
     tokenizer = word_tokenizer()
     tokens = tokenizer("the keeper lit the lamp .")["input_ids"]

@@ -11,7 +11,9 @@ of the stretch past 3.0: the 500-token stretches of the public-domain books in d
 stay within 1.2-2.1, while phrase loops reach 3.1-4.6), or it lists (fewer than 3 words per non-empty
 line: a list of invented names, one or two per line, compresses no better than prose; the books'
 stretches hold 3.7 words per line or more, verse and a play's speaker lines included, but for one
-OCR'd portrait plate at 2.8).
+OCR'd portrait plate at 2.8), or it chants (at least half its words in runs of 3 or more clauses that
+open with the same word: "Tomorrow answered your prayers. Tomorrow buried your dead. Tomorrow
+passed."; the books' stretches stay at or below 0.13, the chants of long runs reach 0.5-1.0).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ STRETCH_TOKENS = 500
 RUN_TOGETHER_WORD_LENGTH = 8.0
 LOOP_COMPRESSION = 3.0
 LIST_WORDS_PER_LINE = 3.0
+CHANT_SHARE = 0.5
+CHANT_RUN = 3  # clauses in a row opening with one word
+_CLAUSE_END = re.compile(r"[.!?,;:\n]+")
+_WORD = re.compile(r"[\w']+")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class Stretch:
     word_length: float
     compression: float
     words_per_line: float = math.inf
+    chant: float = 0.0  # share of words in runs of clauses that open alike (`chant_share`)
 
     @property
     def run_together(self) -> bool:
@@ -56,8 +63,12 @@ class Stretch:
         return self.words_per_line < LIST_WORDS_PER_LINE
 
     @property
+    def chanting(self) -> bool:
+        return self.chant >= CHANT_SHARE
+
+    @property
     def degenerate(self) -> bool:
-        return self.run_together or self.looping or self.listing
+        return self.run_together or self.looping or self.listing or self.chanting
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,20 @@ def words_per_line(text: str) -> float:
     return sum(len(line.split()) for line in lines) / len(lines) if lines else math.inf
 
 
+def chant_share(text: str) -> float:
+    """Share of the words in runs of `CHANT_RUN`+ consecutive clauses (cut at . ! ? , ; : and line
+    ends) whose first word, lower-cased, is the same: anaphora kept up for a paragraph and more."""
+    clauses = [words for part in _CLAUSE_END.split(text) if (words := _WORD.findall(part.lower()))]
+    chanted = start = 0
+    for end in range(1, len(clauses) + 1):
+        if end == len(clauses) or clauses[end][0] != clauses[start][0]:
+            if end - start >= CHANT_RUN:
+                chanted += sum(len(words) for words in clauses[start:end])
+            start = end
+    total = sum(len(words) for words in clauses)
+    return chanted / total if total else 0.0
+
+
 def compression_ratio(text: str) -> float:
     raw = text.encode("utf-8")
     return len(raw) / len(zlib.compress(raw, 9)) if raw else 1.0
@@ -112,7 +137,9 @@ def stretches(tokens: Sequence[int], tokenizer: Tokenizer, size: int = STRETCH_T
     found = []
     for start in range(0, len(tokens) - size + 1, size):
         text = str(tokenizer.decode(list(tokens[start : start + size])))
-        found.append(Stretch(start, mean_word_length(text), compression_ratio(text), words_per_line(text)))
+        found.append(
+            Stretch(start, mean_word_length(text), compression_ratio(text), words_per_line(text), chant_share(text))
+        )
     return tuple(found)
 
 

@@ -43,17 +43,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxChunks = 16;  // head dims up to 256
 constexpr int64_t kGroup = 4;  // lanes whose value sums stay in registers together (a0..a3 below)
 
-// The same tree for 16 vectors at once: lane i of the result is fold(a[i]), bit for bit.
-inline v16 fold16(const v16* a) {
 #if defined(SIMD_AVX2)
-  // The same tree on halves (lo = lanes 0-7, hi = 8-15), with AVX2's in-register shuffles: GCC would
-  // move the generic shuffles below lane by lane through memory.
-  using simd::high;
-  using simd::join;
-  using simd::low;
+// fold16's tree on halves (lo = lanes 0-7, hi = 8-15), with AVX2's in-register shuffles: GCC would move
+// the generic shuffles of fold16 below lane by lane through memory.
+inline simd::Pair fold16(const simd::Pair* a) {
   __m256 l1[8][2], l2[4][2], l3[2][2];
   for (int i = 0; i < 8; ++i)  // lanes l + (l + 8): a vector's two halves
-    for (int h = 0; h < 2; ++h) l1[i][h] = _mm256_add_ps(low(a[2 * i + h]), high(a[2 * i + h]));
+    for (int h = 0; h < 2; ++h) l1[i][h] = _mm256_add_ps(a[2 * i + h].lo, a[2 * i + h].hi);
   for (int i = 0; i < 4; ++i)  // + 4: the 128-bit quarters of each half
     for (int h = 0; h < 2; ++h) {
       const __m256 x = l1[2 * i + h][0], y = l1[2 * i + h][1];
@@ -65,15 +61,25 @@ inline v16 fold16(const v16* a) {
       l3[i][h] = _mm256_add_ps(_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_unpacklo_pd(x, y), 0xD8)),
                                _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_unpackhi_pd(x, y), 0xD8)));
     }
-  __m256 out[2];
+  simd::Pair out;
   for (int h = 0; h < 2; ++h) {  // + 1: even and odd lanes
     const __m256 x = l3[h][0], y = l3[h][1];
     const __m256d even = _mm256_castps_pd(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)));
     const __m256d odd = _mm256_castps_pd(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
-    out[h] = _mm256_add_ps(_mm256_castpd_ps(_mm256_permute4x64_pd(even, 0xD8)),
-                           _mm256_castpd_ps(_mm256_permute4x64_pd(odd, 0xD8)));
+    (h ? out.hi : out.lo) = _mm256_add_ps(_mm256_castpd_ps(_mm256_permute4x64_pd(even, 0xD8)),
+                                          _mm256_castpd_ps(_mm256_permute4x64_pd(odd, 0xD8)));
   }
-  return join(out[0], out[1]);
+  return out;
+}
+#endif
+
+// The same tree for 16 vectors at once: lane i of the result is fold(a[i]), bit for bit.
+inline v16 fold16(const v16* a) {
+#if defined(SIMD_AVX2)
+  simd::Pair halves[kLanes];
+  for (int i = 0; i < kLanes; ++i) halves[i] = {simd::low(a[i]), simd::high(a[i])};
+  const simd::Pair out = fold16(halves);
+  return simd::join(out.lo, out.hi);
 #else
   v16 l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; ++i)  // per pair: lanes l + (l + 8) of each, 8 lanes apiece
@@ -131,10 +137,28 @@ __attribute__((noinline)) void key_dots(const T* key, const float* const* querie
 template <int64_t C, typename T>
 void query_dots_of(const float* query, const T* const* keys, int64_t chunks, float scale, float* out) {
   const int64_t n = C > 0 ? C : chunks;
+#if defined(SIMD_AVX2)  // `partial` and fold16 on halves: the same products and adds
+  simd::Pair q[C > 0 ? C : kMaxChunks], parts[kLanes];
+  for (int64_t c = 0; c < n; ++c) q[c] = simd::load2(query + c * kLanes);
+  for (int64_t l = 0; l < kLanes; ++l) {
+    simd::Pair k = simd::load2(keys[l]);
+    __m256 lo = _mm256_mul_ps(k.lo, q[0].lo), hi = _mm256_mul_ps(k.hi, q[0].hi);
+    for (int64_t c = 1; c < n; ++c) {
+      k = simd::load2(keys[l] + c * kLanes);
+      lo = _mm256_fmadd_ps(k.lo, q[c].lo, lo);
+      hi = _mm256_fmadd_ps(k.hi, q[c].hi, hi);
+    }
+    parts[l] = {lo, hi};
+  }
+  const simd::Pair dots = fold16(parts);
+  _mm256_storeu_ps(out, _mm256_mul_ps(dots.lo, _mm256_set1_ps(scale)));
+  _mm256_storeu_ps(out + 8, _mm256_mul_ps(dots.hi, _mm256_set1_ps(scale)));
+#else
   v16 q[C > 0 ? C : kMaxChunks], parts[kLanes];
   for (int64_t c = 0; c < n; ++c) q[c] = load(query + c * kLanes);
   for (int64_t l = 0; l < kLanes; ++l) parts[l] = partial<C>(keys[l], q, chunks);
   store(out, fold16(parts) * scale);
+#endif
 }
 
 template <typename T>
@@ -248,6 +272,30 @@ using Held = std::vector<std::pair<int64_t, const T*>>;  // (index in the block,
 template <int64_t C, int64_t G, typename T>
 void value_sums(const Held<T>& held, const float* const* w, int64_t chunks, float* const* out, float* total) {
   float t[G] = {};
+#if defined(SIMD_AVX2)
+  // One chunk at a time (G x 2 accumulators fit AVX2's 16 registers; G x C would spill): each sum
+  // adds the same products in the same order.
+  const int64_t n = C > 0 ? C : chunks;
+  for (int64_t c = 0; c < n; ++c) {
+    __m256 a[G][2];
+    for (int64_t g = 0; g < G; ++g) a[g][0] = a[g][1] = _mm256_setzero_ps();
+    for (const auto& [j, v] : held) {
+      const simd::Pair x = simd::load2(v + c * kLanes);
+      for (int64_t g = 0; g < G; ++g) {
+        if (c == 0) t[g] = t[g] + w[g][j];
+        const __m256 b = _mm256_set1_ps(w[g][j]);
+        a[g][0] = _mm256_fmadd_ps(b, x.lo, a[g][0]);
+        a[g][1] = _mm256_fmadd_ps(b, x.hi, a[g][1]);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      _mm256_storeu_ps(out[g] + c * kLanes, a[g][0]);
+      _mm256_storeu_ps(out[g] + c * kLanes + 8, a[g][1]);
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) total[g] = t[g];
+  return;
+#endif
   if constexpr (C > 0) {  // the whole row in registers: G x C accumulators
     v16 a[G][C] = {};
     for (const auto& [j, v] : held) {

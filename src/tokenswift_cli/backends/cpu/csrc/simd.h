@@ -28,6 +28,16 @@ inline v16 join(__m256 a, __m256 b) {
   const v8 x = reinterpret_cast<v8>(a), y = reinterpret_cast<v8>(b);
   return __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
+
+// 16 lanes as two named registers, for the hot loops written out for AVX2 (row_attention.cpp).
+struct Pair {
+  __m256 lo, hi;
+};
+inline Pair load2(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline Pair load2(const c10::Half* p) {
+  const __m128i* h = reinterpret_cast<const __m128i*>(p);
+  return {_mm256_cvtph_ps(_mm_loadu_si128(h)), _mm256_cvtph_ps(_mm_loadu_si128(h + 1))};
+}
 #endif
 
 inline v16 load(const float* p) {
