@@ -133,6 +133,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
         "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4", "--lookup", "24",
+        "--xtc", "0.5", "--xtc-threshold", "0.15",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -146,6 +147,8 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         seed=9,
         dry_multiplier=0.8,
         dry_base=1.3,
+        xtc_probability=0.5,
+        xtc_threshold=0.15,
         scripts=("greek", "latin"),
     )
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify", lookup_length=24)

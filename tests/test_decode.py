@@ -185,3 +185,34 @@ def test_tokenswift_equals_plain_with_dry(greedy: bool) -> None:
         temperature=sampling.temperature, min_p=0.05, seed=4)))  # fmt: skip
     assert first_divergence(fast, plain) is None
     assert stats.iterations < TOKENS and plain != undry
+
+
+def test_xtc_drops_the_top_choices_but_the_least_likely_at_the_positions_its_coin_picks() -> None:
+    from tokenswift_cli.sampling.distribution import exclude_top_choices, position_uniform
+
+    cfg = SamplingConfig(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.1, seed=3)
+    scores = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.06, 0.04]))
+    picked = [p for p in range(40) if position_uniform(3, p, salt="xtc") < 0.5]
+    assert 5 < len(picked) < 35 and position_uniform(3, 0, salt="xtc") != position_uniform(3, 0)
+    for position in range(40):
+        out = exclude_top_choices(scores, position, cfg)
+        if position in picked:  # 0.5 and 0.25 go; 0.15, the least likely above 0.1, stays with the rest
+            assert torch.isinf(out[:2]).all() and torch.equal(out[2:], scores[2:])
+        else:
+            assert torch.equal(out, scores)
+    one_top = torch.log(torch.tensor([0.9, 0.05, 0.05]))  # a single top choice: nothing to exclude
+    assert torch.equal(exclude_top_choices(one_top, picked[0], cfg), one_top)
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2"])
+def test_tokenswift_equals_plain_with_xtc(family: str) -> None:
+    target = tiny_target(family)
+    heads, prompt = random_heads(target), random_prompt(150)
+    sampling = SamplingConfig(temperature=1.0, min_p=0.02, xtc_probability=0.5, xtc_threshold=0.05, seed=4)
+    cfg = RunConfig(max_new_tokens=TOKENS, sampling=sampling, draft=SMALL_PARTIAL)
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    fast, stats = generate_tokens(target, heads, prompt, cfg)
+    without, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain", sampling=SamplingConfig(
+        temperature=1.0, min_p=0.02, seed=4)))  # fmt: skip
+    assert first_divergence(fast, plain) is None
+    assert stats.iterations < TOKENS and plain != without

@@ -45,7 +45,9 @@ class SamplingConfig:
     applied to the tokens among the last `penalty_window` tokens of each candidate's own path;
     `dry_multiplier` turns on DRY ("don't repeat yourself", as in llama.cpp): a token that would
     extend a repeat of `dry_allowed_length`+ earlier tokens (within `dry_range`) loses
-    multiplier * base^(length - allowed) from its logit. `scripts` names the scripts the text may
+    multiplier * base^(length - allowed) from its logit. `xtc_probability` turns on XTC ("exclude top
+    choices", as in llama.cpp): at a position whose own uniform (seeded, like the draws) falls under it,
+    every token at or above `xtc_threshold` probability but the least likely of them is removed. `scripts` names the scripts the text may
     use (scripts.py; () = any, ("auto",) = the prefix's, resolved before a run starts); the filter
     itself needs the tokenizer's bytes and is attached by `run_model.with_scripts_filter`.
     """
@@ -63,6 +65,8 @@ class SamplingConfig:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_range: int = 4096
+    xtc_probability: float | None = None
+    xtc_threshold: float = 0.1
     scripts: tuple[str, ...] = ()
     script_filter: ScriptFilter | None = field(default=None, compare=False, repr=False)
 
@@ -79,6 +83,9 @@ class SamplingConfig:
         _check(dry is None or (math.isfinite(dry) and dry > 0), "the DRY multiplier must be > 0")
         _check(math.isfinite(self.dry_base) and self.dry_base >= 1, "the DRY base must be >= 1")
         _check(self.dry_allowed_length >= 1 and self.dry_range >= 2, "DRY needs an allowed length >= 1, a range >= 2")
+        xtc = self.xtc_probability
+        _check(xtc is None or 0 < xtc <= 1, "the XTC probability must be in (0, 1]")
+        _check(0 < self.xtc_threshold <= 0.5, "the XTC threshold must be in (0, 0.5]")
         object.__setattr__(self, "suppress_token_ids", tuple(int(t) for t in self.suppress_token_ids))
         object.__setattr__(self, "scripts", tuple(str(s) for s in self.scripts))
         unknown = [s for s in self.scripts if s not in SCRIPTS and self.scripts != ("auto",)]

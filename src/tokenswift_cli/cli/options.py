@@ -202,6 +202,26 @@ DryBaseOpt = Annotated[
         rich_help_panel=_SAMPLE,
     ),
 ]
+XtcOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--xtc",
+        help=_with_default(
+            "XTC probability: at this share of positions, drop the likeliest tokens above --xtc-threshold but "
+            "the least likely of them; 0 = off.",
+            "xtc_probability",
+        ),
+        rich_help_panel=_SAMPLE,
+    ),
+]
+XtcThresholdOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--xtc-threshold",
+        help=_with_default("XTC: the probability from which a token counts as a top choice (<= 0.5).", "xtc_threshold"),
+        rich_help_panel=_SAMPLE,
+    ),
+]
 ScriptsOpt = Annotated[
     str | None,
     typer.Option(

@@ -24,6 +24,8 @@ from tokenswift_cli.cli.options import (
     DeviceOpt,
     DraftOpt,
     DryBaseOpt,
+    XtcOpt,
+    XtcThresholdOpt,
     DryOpt,
     DTypeOpt,
     EtaOpt,
@@ -119,6 +121,8 @@ def write(
     penalty_window: PenaltyWindowOpt = None,
     dry: DryOpt = None,
     dry_base: DryBaseOpt = None,
+    xtc: XtcOpt = None,
+    xtc_threshold: XtcThresholdOpt = None,
     scripts: ScriptsOpt = None,
     seed: SeedOpt = SAMPLING_DEFAULTS.seed,
     mode: ModeOpt = "tokenswift",
@@ -144,10 +148,13 @@ def write(
         sampling = sampling_for(
             model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
             penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None,
-            dry_base=dry_base, scripts=None if scripts is None else parse_scripts(scripts),
+            dry_base=dry_base, xtc_probability=xtc or None, xtc_threshold=xtc_threshold,
+            scripts=None if scripts is None else parse_scripts(scripts),
         )  # fmt: skip
         if dry == 0:  # "0 = off", also when the model's defaults turn DRY on
             sampling = dataclasses.replace(sampling, dry_multiplier=None)
+        if xtc == 0:
+            sampling = dataclasses.replace(sampling, xtc_probability=None)
         drafting = DraftConfig(
             tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget),
             lookup_length=off_if_zero(lookup),

@@ -31,9 +31,10 @@ from tokenswift_cli.config import ConfigError, SamplingConfig
 from tokenswift_cli.sampling.scripts import ScriptFilter
 
 
-def position_uniform(seed: int, position: int) -> float:
-    """A uniform in (0, 1) that depends only on `seed` and the absolute token `position`."""
-    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+def position_uniform(seed: int, position: int, salt: str = "") -> float:
+    """A uniform in (0, 1) that depends only on `seed`, the absolute token `position` (and `salt`, for
+    other uses than the draw)."""
+    digest = hashlib.blake2b(f"{seed}:{position}{salt and ':' + salt}".encode(), digest_size=8).digest()
     return ((int.from_bytes(digest, "little") >> 11) + 0.5) / 2.0**53
 
 
@@ -142,6 +143,23 @@ def dry_penalties(context: torch.Tensor, vocab: int, cfg: SamplingConfig) -> tor
     return penalties.scatter_reduce(0, context[ends[hit] + 1], amount, "amax")
 
 
+def exclude_top_choices(scores: torch.Tensor, position: int, cfg: SamplingConfig) -> torch.Tensor:
+    """XTC (llama.cpp's "exclude top choices"): at the positions its coin picks, drop every token at or
+    above the threshold's probability except the least likely of them, so a run that has locked onto
+    one continuation (a chant, a list) takes another good one. The coin is this position's own uniform
+    under a salted seed: a function of the seed and the position alone, the same in plain and
+    accelerated decoding, like every draw."""
+    assert cfg.xtc_probability is not None
+    if position_uniform(cfg.seed, position, salt="xtc") >= cfg.xtc_probability:
+        return scores
+    probs = torch.softmax(scores.double(), dim=-1)
+    top = torch.nonzero(probs >= cfg.xtc_threshold).flatten()
+    if top.numel() < 2:
+        return scores
+    kept = top[probs[top].argmin()]  # the least likely of the top choices stays
+    return scores.index_fill(0, top[top != kept], -float("inf"))
+
+
 def target_probs(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """The target distribution `[vocab]` (float64); one-hot on the argmax when greedy."""
     scores = target_scores(logits, context, cfg)
@@ -155,6 +173,8 @@ def choose(logits: torch.Tensor, context: torch.Tensor, position: int, cfg: Samp
     scores = target_scores(logits, context, cfg)
     if cfg.greedy:
         return int(scores.argmax())
+    if cfg.xtc_probability is not None:
+        scores = exclude_top_choices(scores, position, cfg)
     u = position_uniform(cfg.seed, position)
     if scores.device.type != "cpu":  # the full CDF on the device: one host sync, where the shortcut takes three
         return _draw_full(scores, u)
