@@ -47,9 +47,10 @@ class SamplingConfig:
     extend a repeat of `dry_allowed_length`+ earlier tokens (within `dry_range`) loses
     multiplier * base^(length - allowed) from its logit. `xtc_probability` turns on XTC ("exclude top
     choices", as in llama.cpp): at a position whose own uniform (seeded, like the draws) falls under it,
-    every token at or above `xtc_threshold` probability but the least likely of them is removed. `scripts` names the scripts the text may
-    use (scripts.py; () = any, ("auto",) = the prefix's, resolved before a run starts); the filter
-    itself needs the tokenizer's bytes and is attached by `run_model.with_scripts_filter`.
+    every token at or above `xtc_threshold` probability but the least likely of them is removed.
+    `scripts` names the scripts the text may use (scripts.py; () = any, ("auto",) = the prefix's,
+    resolved before a run starts); the filter itself needs the tokenizer's bytes and is attached by
+    `run_model.with_scripts_filter`.
     """
 
     temperature: float = 0.0

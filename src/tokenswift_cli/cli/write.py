@@ -24,8 +24,6 @@ from tokenswift_cli.cli.options import (
     DeviceOpt,
     DraftOpt,
     DryBaseOpt,
-    XtcOpt,
-    XtcThresholdOpt,
     DryOpt,
     DTypeOpt,
     EtaOpt,
@@ -60,6 +58,8 @@ from tokenswift_cli.cli.options import (
     TopPOpt,
     TreeOpt,
     WeightsOpt,
+    XtcOpt,
+    XtcThresholdOpt,
     program_name,
 )
 from tokenswift_cli.config import (
