@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--setting", action="append", default=[], metavar="NAME=ARGS",
                    help="a named setting: extra `write` options (repeatable; 'defaults=' for none)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-perplexity", action="store_true", help="judge without the judge model (minutes less per run)")
     p.add_argument("--bucket", type=int, default=8192, help="tokens per NLL row of the table")
     p.add_argument("--table-only", action="store_true", help="run nothing: tabulate what is judged")
     p.add_argument("--json", type=Path, help="write the table's data here")
@@ -105,6 +106,7 @@ def _finish(job: Job, index: dict[str, str], index_path: Path, a: argparse.Names
     judged = a.runs_dir / run / "eval.json"
     if not judged.exists():
         cmd = [*TOKENSWIFT, "eval", run, "--runs-dir", str(a.runs_dir), "--bucket", str(a.bucket), "--json"]
+        cmd += ["--no-perplexity"] if a.no_perplexity else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         judged.write_text(out)
 
@@ -166,10 +168,11 @@ def _table(rows: list[dict]) -> str:
     ]
     for name, group in by_setting.items():
         shares = [g["degenerate"] or 0.0 for g in group]
-        nlls = [statistics.fmean(x for x in g["nll_by_position"] if x is not None) for g in group]
+        judged = [[x for x in g["nll_by_position"] if x is not None] for g in group]
+        nll = statistics.fmean(statistics.fmean(n) for n in judged) if all(judged) else None
         lines.append(
             f"| {name} | {len(group)} | {statistics.fmean(shares):.0%} | {max(shares):.0%} "
-            f"| {statistics.fmean(nlls):.2f} |"
+            f"| {'-' if nll is None else f'{nll:.2f}'} |"
         )
     return "\n".join(lines)
 
