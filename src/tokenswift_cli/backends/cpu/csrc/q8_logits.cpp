@@ -100,8 +100,8 @@ at::Tensor q8_logits(const at::Tensor& hidden, const at::Tensor& values, const a
   float* logits = out.data_ptr<float>();
   at::parallel_for(0, vocab, 256, [&](int64_t begin, int64_t end) {
 #if defined(SIMD_AVX2)
-    return q8_rows_avx2(x, q, d, logits, rows, size, vocab, begin, end);
-#endif
+    q8_rows_avx2(x, q, d, logits, rows, size, vocab, begin, end);
+#else
     for (int64_t v = begin; v < end; ++v) {
       const int8_t* row = q + v * size;
       for (int64_t r0 = 0; r0 < rows; r0 += kRows) {  // up to kRows rows share each widened group
@@ -117,6 +117,7 @@ at::Tensor q8_logits(const at::Tensor& hidden, const at::Tensor& values, const a
         for (int64_t r = 0; r < count; ++r) logits[(r0 + r) * vocab + v] = simd::fold(acc[r]);
       }
     }
+#endif
   });
   return out;
 }

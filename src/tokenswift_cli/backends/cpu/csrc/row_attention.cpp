@@ -293,9 +293,7 @@ void value_sums(const Held<T>& held, const float* const* w, int64_t chunks, floa
       _mm256_storeu_ps(out[g] + c * kLanes + 8, a[g][1]);
     }
   }
-  for (int64_t g = 0; g < G; ++g) total[g] = t[g];
-  return;
-#endif
+#else
   if constexpr (C > 0) {  // the whole row in registers: G x C accumulators
     v16 a[G][C] = {};
     for (const auto& [j, v] : held) {
@@ -322,6 +320,7 @@ void value_sums(const Held<T>& held, const float* const* w, int64_t chunks, floa
       for (int64_t g = 0; g < G; ++g) store(out[g] + c * kLanes, a[g]);
     }
   }
+#endif
   for (int64_t g = 0; g < G; ++g) total[g] = t[g];
 }
 
