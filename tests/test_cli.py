@@ -313,7 +313,8 @@ def test_write_help_shows_the_defaults_it_will_use() -> None:
     embedded, paper = defaults.EMBEDDED, defaults.PAPER
     assert "--penalty <float> Repetition penalty" in shown
     assert f"Default: {embedded.penalty} for the embedded model, {paper.penalty} for others." in shown
-    assert f"Default: {embedded.min_p}." in shown and f"Default: {embedded.temperature}." in shown
+    assert f"Default: {embedded.min_p}." in shown
+    assert f"Default: {embedded.temperature} for the embedded model, {paper.temperature} for others." in shown
     assert "Default: auto for the embedded model, any for others." in shown  # --scripts
     assert "[default: 1,3,3,3]" in shown and "the last 4,092 tokens" in shown  # tree, window
 
