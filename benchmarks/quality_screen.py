@@ -2,10 +2,12 @@
 
 Each (way of asking, setting, seed) is one `tokenswift write` run in --runs-dir; the screen's index
 (screen.json there) maps it to its run, so a stopped screen picks up where it was: a finished run
-is skipped, a stopped one resumed (`tokenswift resume`), a missing one started. Each finished run
-is judged once (`tokenswift eval --json`, kept as eval.json in its folder). The table gives per run
-the degenerate share of its 500-token stretches, the judge's NLL by position, Distinct-1..4,
-repeated sentences, tokens/s and tokens per step. Example (the issue's first screen):
+is skipped, a stopped one resumed (`tokenswift resume`), a missing one started; a run whose target
+is short of --tokens has it raised (`resume --tokens`), so a 32K screen can be taken on to 100K.
+Each finished run is judged (`tokenswift eval --json`, kept as eval.json in its folder), again
+once it has been taken further. The table gives per run the degenerate share of its 500-token
+stretches, the judge's NLL by position, Distinct-1..4, repeated sentences, tokens/s and tokens per
+step. Example (the issue's first screen):
 
     .venv/bin/python benchmarks/quality_screen.py --runs-dir runs/screen --tokens 32k --seeds 1 2 3 \\
         --setting defaults= --setting t0.85='--temperature 0.85' --json benchmarks/quality-screen.json
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenswift_cli.parsing import parse_tokens
 from tokenswift_cli.quality.text import Stretch, degenerate_share
 
 TOKENSWIFT = [sys.executable, "-m", "tokenswift_cli"]
@@ -86,7 +89,11 @@ def _finish(job: Job, index: dict[str, str], index_path: Path, a: argparse.Names
     """The job's run, written (or resumed) to its end and judged; the index learns its id as it starts."""
     common = ["--runs-dir", str(a.runs_dir), "--threads", str(a.threads), "--quiet"]
     run = index.get(job.label)
-    state = _show(run, a.runs_dir)["state"] if run else None
+    shown = _show(run, a.runs_dir) if run else None
+    state = shown["state"] if shown else None
+    raise_to = ["--tokens", a.tokens] if shown and shown["statistics"]["target_tokens"] < parse_tokens(a.tokens) else []
+    if state == "done" and raise_to:
+        state = "short"  # a screen taken further (e.g. 32k, then 100k)
     if state is None:
         cmd = [*TOKENSWIFT, "write", *WAYS[job.way], "--tokens", a.tokens, "--seed", str(job.seed), *job.args]
         before = set(_run_ids(a.runs_dir))
@@ -100,11 +107,12 @@ def _finish(job: Job, index: dict[str, str], index_path: Path, a: argparse.Names
         if process.wait() != 0:
             raise SystemExit(f"[{job.label}] write failed ({process.returncode})")
     elif state != "done":
-        if _start([*TOKENSWIFT, "resume", run, *common], job).wait() != 0:
+        if _start([*TOKENSWIFT, "resume", run, *raise_to, *common], job).wait() != 0:
             raise SystemExit(f"[{job.label}] resume of {run} failed")
     assert run is not None
     judged = a.runs_dir / run / "eval.json"
-    if not judged.exists():
+    text = a.runs_dir / run / "text.txt"
+    if not judged.exists() or judged.stat().st_mtime < text.stat().st_mtime:  # unjudged, or resumed since
         cmd = [*TOKENSWIFT, "eval", run, "--runs-dir", str(a.runs_dir), "--bucket", str(a.bucket), "--json"]
         cmd += ["--no-perplexity"] if a.no_perplexity else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
