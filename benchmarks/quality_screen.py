@@ -91,7 +91,8 @@ def _finish(job: Job, index: dict[str, str], index_path: Path, a: argparse.Names
     run = index.get(job.label)
     shown = _show(run, a.runs_dir) if run else None
     state = shown["state"] if shown else None
-    raise_to = ["--tokens", a.tokens] if shown and shown["statistics"]["target_tokens"] < parse_tokens(a.tokens) else []
+    target = ((shown or {}).get("statistics") or {}).get("target_tokens", 0)
+    raise_to = ["--tokens", a.tokens] if shown and target < parse_tokens(a.tokens) else []
     if state == "done" and raise_to:
         state = "short"  # a screen taken further (e.g. 32k, then 100k)
     if state is None:
