@@ -89,13 +89,11 @@ def _finish(job: Job, index: dict[str, str], index_path: Path, a: argparse.Names
     """The job's run, written (or resumed) to its end and judged; the index learns its id as it starts."""
     common = ["--runs-dir", str(a.runs_dir), "--threads", str(a.threads), "--quiet"]
     run = index.get(job.label)
-    shown = _show(run, a.runs_dir) if run else None
-    state = shown["state"] if shown else None
-    target = ((shown or {}).get("statistics") or {}).get("target_tokens", 0)
-    raise_to = ["--tokens", a.tokens] if shown and target < parse_tokens(a.tokens) else []
-    if state == "done" and raise_to:
-        state = "short"  # a screen taken further (e.g. 32k, then 100k)
-    if state is None:
+    shown = _show(run, a.runs_dir) if run else {}
+    target = (shown.get("statistics") or {}).get("target_tokens", 0)
+    # a screen taken further (e.g. 32k, then 100k) raises the run's target
+    raise_to = ["--tokens", a.tokens] if run and target < parse_tokens(a.tokens) else []
+    if not run:
         cmd = [*TOKENSWIFT, "write", *WAYS[job.way], "--tokens", a.tokens, "--seed", str(job.seed), *job.args]
         before = set(_run_ids(a.runs_dir))
         process = _start([*cmd, *common], job)
@@ -107,7 +105,7 @@ def _finish(job: Job, index: dict[str, str], index_path: Path, a: argparse.Names
             index_path.write_text(json.dumps(index, indent=1) + "\n")
         if process.wait() != 0:
             raise SystemExit(f"[{job.label}] write failed ({process.returncode})")
-    elif state != "done":
+    elif shown["state"] != "done" or raise_to:
         if _start([*TOKENSWIFT, "resume", run, *raise_to, *common], job).wait() != 0:
             raise SystemExit(f"[{job.label}] resume of {run} failed")
     assert run is not None
