@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from tokenswift_cli.data import DEFAULT_TEXT
-from tokenswift_cli.quality.perplexity import token_nll
+from tokenswift_cli.quality.perplexity import sampled_nll, token_nll
 from tokenswift_cli.quality.report import evaluate, markdown
 from tokenswift_cli.quality.text import (
     compression_ratio,
@@ -92,6 +92,22 @@ def test_sliding_window_differs_from_full_context_only_past_the_window() -> None
     assert not torch.allclose(sliding[100:], full[100:], atol=1e-3)
     with pytest.raises(ValueError, match="stride"):
         token_nll(model, tokens, window=16, stride=32)
+    with pytest.raises(ValueError, match="stride"):
+        token_nll(model, tokens, window=16, stride=16)  # a window's first token would have no context
+
+
+@pytest.mark.parametrize(("window", "stride"), [(64, 16), (48, 47), (40, 24)])
+def test_sampled_nll_is_the_whole_scan_inside_its_spans(window: int, stride: int) -> None:
+    model = tiny_model("llama-gqa", seed=1)
+    tokens = torch.randint(2, 96, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    whole = token_nll(model, tokens, window=window, stride=stride, first=5)
+    spans = [(0, 9), (37, 60), (150, 171), (290, 320)]  # one before `first`, one past the end
+    sampled = sampled_nll(model, tokens, spans, window=window, stride=stride, first=5)
+    inside = torch.zeros(295, dtype=torch.bool)
+    for start, end in [(5, 9), (37, 60), (150, 171), (290, 300)]:
+        inside[start - 5 : end - 5] = True
+    assert sampled.shape == whole.shape and torch.isnan(sampled[~inside]).all()
+    torch.testing.assert_close(sampled[inside], whole[inside], atol=1e-5, rtol=1e-5)
 
 
 def test_full_context_under_a_context_window() -> None:
@@ -126,6 +142,11 @@ def test_evaluate_by_position_with_a_context() -> None:
     table = markdown(report)
     assert "| 0-16 |" in table and "| all |" in table and "distinct-4" in table
     assert json.loads(json.dumps(report.to_dict()))["tokens"] == 48
+    sampled = evaluate(tokens, tokenizer, model, prefix=context, bucket=16, window=32, stride=8, sample=5)
+    whole = token_nll(model, context + tokens, window=32, stride=8, first=len(context))
+    for bucket in sampled.buckets:
+        assert bucket.nll == pytest.approx(float(whole[bucket.start : bucket.start + 5].mean()), abs=1e-5)
+    assert sampled.nll == pytest.approx(float(torch.cat([whole[s : s + 5] for s in (0, 16, 32)]).mean()), abs=1e-5)
 
 
 class CharTokenizer:
@@ -210,6 +231,11 @@ def test_eval_command_on_a_file_and_on_a_run(tmp_path: Path) -> None:
     data = json.loads(result.output)
     assert (data["context_tokens"], data["tokens"], data["full_context"]) == (6, 150, True)
     assert (data["rope"], data["rope_factor"]) == ("yarn", 2.5)  # 156 positions > 64 trained
+    sampled = runner.invoke(app, [*args[:-1], "--bucket", "64", "--sample", "16"])
+    assert sampled.exit_code == 0, sampled.output
+    assert json.loads(sampled.output)["judge_sample"] == 16
+    both = runner.invoke(app, [*args, "--sample", "16"])
+    assert both.exit_code == 2 and "leave out --full-context" in both.output
     missing = runner.invoke(app, ["eval", "run-009", "-m", model, "--runs-dir", str(tmp_path / "runs")])
     assert missing.exit_code == 2 and "no run named" in missing.output
 

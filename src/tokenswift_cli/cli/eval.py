@@ -45,7 +45,7 @@ def eval_command(
     bucket: Annotated[int, typer.Option(min=1, help="Tokens per row of the table by position.")] = 2048,
     distinct_window: Annotated[int, typer.Option(min=4, help="Tokens per Distinct-n window.")] = 10_000,
     window: Annotated[int, typer.Option(min=2, help="Sliding window of the perplexity (tokens).")] = 2048,
-    stride: Annotated[int, typer.Option(min=1, help="Step of the sliding window (<= window).")] = 1024,
+    stride: Annotated[int, typer.Option(min=1, help="Step of the sliding window (< window).")] = 1024,
     full_context: Annotated[
         bool, typer.Option("--full-context", help="Score each token with the whole text before it, at its position.")
     ] = False,
@@ -60,6 +60,12 @@ def eval_command(
     keep: Annotated[
         int, typer.Option("--keep", "--sinks", min=1, help="First tokens kept in view under --context-window.")
     ] = 4,
+    sample: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Judge only the first N tokens of each bucket (faster on long texts).", show_default=False
+        ),
+    ] = None,
     perplexity: Annotated[bool, typer.Option("--perplexity/--no-perplexity", help="Load the model for NLL.")] = True,
     runs_dir: RunsDirOpt = None,
     json_out: JsonOpt = False,
@@ -67,7 +73,7 @@ def eval_command(
     """Measure a text: perplexity by position, Distinct-1..4, repeated sentences, compression ratio (several
     texts: one line each, with a run's recorded speed, and one overall)."""
     with errors():
-        from tokenswift_cli.config import ContextWindow, ModelSpec
+        from tokenswift_cli.config import ConfigError, ContextWindow, ModelSpec
         from tokenswift_cli.parsing import parse_tokens
         from tokenswift_cli.quality.report import EvalWindows, evaluate_text, markdown
         from tokenswift_cli.quality.summary import overall, row, run_speed, summary_markdown
@@ -75,7 +81,11 @@ def eval_command(
         spec = ModelSpec(name=model, dtype=dtype, device=device, weights=weights,  # type: ignore[arg-type]
                          rope_scaling=rope_scaling, rope_factor=rope_factor)  # type: ignore[arg-type]  # fmt: skip
         chosen = None if context_window.strip().lower() == "none" else ContextWindow(parse_tokens(context_window), keep)
-        windows = EvalWindows(bucket, distinct_window, None if full_context else window, min(stride, window), chosen)
+        if sample is not None and full_context:
+            raise ConfigError("--sample judges with the sliding window: leave out --full-context")
+        windows = EvalWindows(
+            bucket, distinct_window, None if full_context else window, min(stride, window - 1), chosen, sample
+        )
         found = [(source, *_find_text(source, prefix, runs_dir)) for source in sources]
         reports = [
             (source, run, *evaluate_text(text, spec, context=context, windows=windows, perplexity=perplexity))

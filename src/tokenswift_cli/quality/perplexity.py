@@ -8,6 +8,7 @@ whether the model (as loaded, e.g. with YaRN) copes with long contexts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -31,8 +32,8 @@ def token_nll(
     `window` None: the whole prefix, processed in `stride`-sized chunks with a cache; with `context`,
     as the engine sees it under that context window (sinks + recent tokens).
     """
-    if window is not None and not 0 < stride <= window:
-        raise ValueError("the stride must be in (0, window]")
+    if window is not None and not 0 < stride < window:  # each window's first scored token needs a token before it
+        raise ValueError("the stride must be in (0, window)")
     ids = torch.tensor([int(t) for t in tokens], device=model.device)  # [n]
     first = max(1, first)
     if window is None and context is not None:
@@ -49,6 +50,34 @@ def token_nll(
         if end == ids.shape[0]:
             break
     return torch.cat(out) if out else torch.zeros(0)
+
+
+def sampled_nll(
+    model: PreTrainedModel,
+    tokens: Sequence[int],
+    spans: Sequence[tuple[int, int]],
+    *,
+    window: int = 2048,
+    stride: int = 1024,
+    first: int = 1,
+) -> torch.Tensor:
+    """`token_nll(model, tokens, window=window, ...)` inside `spans` ([start, end) of `tokens`), NaN elsewhere.
+
+    Each span goes through the windows the whole scan would use for it (they begin at multiples of
+    `stride`), so its values are the whole scan's at a fraction of the cost.
+    """
+    first = max(1, first)
+    out = torch.full((max(len(tokens) - first, 0),), math.nan)
+    for start, end in spans:
+        start, end = max(start, first), min(end, len(tokens))
+        if end <= start:
+            continue
+        # The scan scores token q in the first window that ends past q, from where the previous one ended:
+        # begin where that window for `start` begins.
+        begin = max(0, (start - (window - stride)) // stride * stride)
+        nll = token_nll(model, tokens[begin:end], window=window, stride=stride, first=start - begin)
+        out[start - first : end - first] = nll
+    return out
 
 
 def _nll_full(model: PreTrainedModel, ids: torch.Tensor, chunk: int, first: int) -> torch.Tensor:

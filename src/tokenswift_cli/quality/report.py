@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from tokenswift_cli.config import ContextWindow, ModelSpec
 from tokenswift_cli.model.loading import ModelLoadError, Tokenizer, load_model
-from tokenswift_cli.quality.perplexity import token_nll
+from tokenswift_cli.quality.perplexity import sampled_nll, token_nll
 from tokenswift_cli.quality.text import (
     DistinctWindow,
     Stretch,
@@ -40,6 +40,7 @@ class EvalWindows:
     window: int | None = 2048
     stride: int = 1024
     context: ContextWindow | None = None  # full context under the engine's context window (see config.py)
+    sample: int | None = None  # judge only the first `sample` tokens of each bucket (sliding window only)
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,23 @@ def evaluate(
     stride: int = 1024,
     context: ContextWindow | None = None,
     scripts: Sequence[str] | None = None,
+    sample: int | None = None,
 ) -> QualityReport:
     """Every metric for `tokens` (a text after `prefix`, which is context only); NLL when `model` is given.
+
+    `sample`: the NLL of the first `sample` tokens of each bucket only (the sliding window's values there).
 
     Foreign characters are those outside `scripts` (default: the scripts of `prefix`, else of the text's start).
     """
     nll = None
     if model is not None and tokens and len(prefix) + len(tokens) > 1:
         first = max(1, len(prefix))
-        scored = token_nll(model, [*prefix, *tokens], window=window, stride=stride, first=first, context=context)
+        sequence = [*prefix, *tokens]
+        if sample is None or window is None:
+            scored = token_nll(model, sequence, window=window, stride=stride, first=first, context=context)
+        else:
+            spans = [(start, start + sample) for start in range(len(prefix), len(sequence), bucket)]
+            scored = sampled_nll(model, sequence, spans, window=window, stride=stride, first=first)
         nll = scored[-len(tokens) :] if prefix else torch.cat([torch.full((1,), math.nan), scored])  # [n]
     seen: set[str] = set()
     if scripts is None:  # the prefix's, else those of the text's start
@@ -152,10 +161,11 @@ def evaluate_text(
     report = evaluate(
         tokens, tokenizer, loaded.model if perplexity else None, prefix=before, bucket=windows.bucket,
         distinct_window=windows.distinct_window, window=windows.window, stride=windows.stride, context=context_window,
+        sample=windows.sample,
     )  # fmt: skip
     used = loaded.spec or ModelSpec(rope_scaling="none")
     head = {"model": spec.name, "context_tokens": len(before), "full_context": windows.window is None,
-            "rope": used.rope_scaling, "rope_factor": used.rope_factor,
+            "rope": used.rope_scaling, "rope_factor": used.rope_factor, "judge_sample": windows.sample,
             "context_window": dataclasses.asdict(context_window) if context_window else None}  # fmt: skip
     return head, report
 
