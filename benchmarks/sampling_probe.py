@@ -88,8 +88,7 @@ def main() -> None:
     alphabet = scripts.Alphabet(scripts.scripts_of(prefix_text))
     result = {
         "run": str(args.run), "start": args.start, "new": args.new, "weights": spec.weights,
-        "sampling": {k: v for k, v in dataclasses.asdict(dataclasses.replace(sampling, script_filter=None)).items()
-                     if k not in ("script_filter", "suppress_token_ids")},
+        "sampling": {k: v for k, v in sampling.to_dict().items() if k != "suppress_token_ids"},
         "distinct_4": round(distinct_n(out, 4), 3), "repeated_sentences": round(repeated_sentence_rate(text), 3),
         "compression": round(len(text.encode()) / max(1, len(zlib.compress(text.encode()))), 2),
         "foreign_chars": round(alphabet.foreign_share(text), 3),

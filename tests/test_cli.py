@@ -133,7 +133,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
         "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4", "--lookup", "24",
-        "--xtc", "0.5", "--xtc-threshold", "0.15",
+        "--xtc", "0.5", "--xtc-threshold", "0.15", "--spacing",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -150,6 +150,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         xtc_probability=0.5,
         xtc_threshold=0.15,
         scripts=("greek", "latin"),
+        spacing=True,
     )
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify", lookup_length=24)
     assert captured["write"] == {
@@ -316,6 +317,7 @@ def test_write_help_shows_the_defaults_it_will_use() -> None:
     assert f"Default: {embedded.min_p}." in shown
     assert f"Default: {embedded.temperature} for the embedded model, {paper.temperature} for others." in shown
     assert "Default: auto for the embedded model, any for others." in shown  # --scripts
+    assert 'Never a letter directly after , ; ! or ? (no ",the"). Default: off.' in shown
     assert "[default: 1,3,3,3]" in shown and "the last 4,092 tokens" in shown  # tree, window
 
 
@@ -615,6 +617,15 @@ def test_scripts_auto_keeps_the_prefix_scripts_records_them_and_resumes_exactly(
     foreign = ("日本語".encode(), "🙂".encode())
     assert any(word in free for word in foreign) and not any(word in text for word in foreign)
     assert "café".encode() in text + free  # Latin letters stay allowed
+
+
+def test_the_spacing_rule_is_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:
+    spacing = ("--spacing", *SAMPLED)
+    first, run = write_in_process(tiny_folder, prefix_file, 60, *spacing)
+    assert json.loads((run / "settings.json").read_text())["run_config"]["sampling"]["spacing"] is True
+    more = cli("resume", run.name, "--tokens", 150, "-q")
+    assert more.exit_code == 0, more.output
+    assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 150, *spacing)
 
 
 def test_int4_weights_are_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:

@@ -14,6 +14,7 @@ from tokenswift_cli.sampling.scripts import SCRIPTS
 
 if TYPE_CHECKING:
     from tokenswift_cli.sampling.scripts import ScriptFilter
+    from tokenswift_cli.sampling.spacing import SpacingRule
 
 SCHEMA_VERSION = 1
 
@@ -50,7 +51,8 @@ class SamplingConfig:
     every token at or above `xtc_threshold` probability but the least likely of them is removed.
     `scripts` names the scripts the text may use (scripts.py; () = any, ("auto",) = the prefix's,
     resolved before a run starts); the filter itself needs the tokenizer's bytes and is attached by
-    `run_model.with_scripts_filter`.
+    `run_model.with_scripts_filter`, as is the rule of `spacing` (no letter directly after `,;!?`,
+    spacing.py).
     """
 
     temperature: float = 0.0
@@ -70,6 +72,8 @@ class SamplingConfig:
     xtc_threshold: float = 0.1
     scripts: tuple[str, ...] = ()
     script_filter: ScriptFilter | None = field(default=None, compare=False, repr=False)
+    spacing: bool = False
+    spacing_rule: SpacingRule | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
@@ -95,6 +99,12 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings, without what is built from the tokenizer (the scripts filter, the spacing rule)."""
+        data = dataclasses.asdict(dataclasses.replace(self, script_filter=None, spacing_rule=None))
+        del data["script_filter"], data["spacing_rule"]
+        return data
 
     @property
     def context_length(self) -> int:
@@ -257,9 +267,9 @@ class RunConfig:
         return total if not isinstance(self.window, ContextWindow) else min(total, self.window.span)
 
     def to_dict(self) -> dict[str, Any]:
-        built = dataclasses.replace(self.sampling, script_filter=None)
-        data = dataclasses.asdict(dataclasses.replace(self, sampling=built))
-        del data["sampling"]["script_filter"]  # built from the tokenizer, not settings
+        unbuilt = dataclasses.replace(self.sampling, script_filter=None, spacing_rule=None)
+        data = dataclasses.asdict(dataclasses.replace(self, sampling=unbuilt))
+        data["sampling"] = self.sampling.to_dict()
         return {"schema_version": SCHEMA_VERSION, **data}
 
     @classmethod

@@ -109,7 +109,7 @@ def eval_command(
 ) -> None:
     """Per-head top-1/top-3 against the model's own next tokens at short and long positions, and the tokens
     per step of the paper's tree at the paper's sampling, with and without the heads, beside the oracle."""
-    from dataclasses import asdict, replace
+    from dataclasses import replace
 
     from tokenswift_cli.config import DraftConfig, ModelSpec
     from tokenswift_cli.data import HELD_OUT_TEXT
@@ -136,7 +136,7 @@ def eval_command(
     ]  # fmt: skip
     report = {
         "heads": heads_path, "model": loaded.name, "device": str(loaded.model.device),
-        "settings": {"sampling": asdict(replace(sampling, script_filter=None)), "tree": list(DraftConfig().tree),
+        "settings": {"sampling": sampling.to_dict(), "tree": list(DraftConfig().tree),
                      "ngram_top_k": DraftConfig().ngram_top_k, "new_tokens": new_tokens},
         "accuracy": {k: v.to_dict() for k, v in accuracy.items()}, "tokens_per_step": replays,
     }  # fmt: skip

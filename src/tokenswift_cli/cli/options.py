@@ -23,6 +23,8 @@ def _with_default(text: str, name: str) -> str:
     and other models' (the paper's)."""
 
     def shown(value: object) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
         if isinstance(value, tuple):
             return ",".join(value) or "any"
         return "off" if value is None else str(value)
@@ -232,6 +234,15 @@ ScriptsOpt = Annotated[
             "scripts",
         ),
         rich_help_panel=_SAMPLE,
+    ),
+]
+SpacingOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--spacing/--no-spacing",
+        help=_with_default('Never a letter directly after , ; ! or ? (no ",the").', "spacing"),
+        rich_help_panel=_SAMPLE,
+        show_default=False,
     ),
 ]
 SeedOpt = Annotated[

@@ -48,6 +48,7 @@ from tokenswift_cli.cli.options import (
     RunsDirOpt,
     ScriptsOpt,
     SeedOpt,
+    SpacingOpt,
     StopAtEosOpt,
     StopOpt,
     SystemOpt,
@@ -124,6 +125,7 @@ def write(
     xtc: XtcOpt = None,
     xtc_threshold: XtcThresholdOpt = None,
     scripts: ScriptsOpt = None,
+    spacing: SpacingOpt = None,
     seed: SeedOpt = SAMPLING_DEFAULTS.seed,
     mode: ModeOpt = "tokenswift",
     tree: TreeOpt = DEFAULT_TREE,
@@ -149,7 +151,7 @@ def write(
             model, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, eta=eta, penalty=penalty,
             penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None,
             dry_base=dry_base, xtc_probability=xtc or None, xtc_threshold=xtc_threshold,
-            scripts=None if scripts is None else parse_scripts(scripts),
+            scripts=None if scripts is None else parse_scripts(scripts), spacing=spacing,
         )  # fmt: skip
         if dry == 0:  # "0 = off", also when the model's defaults turn DRY on
             sampling = dataclasses.replace(sampling, dry_multiplier=None)

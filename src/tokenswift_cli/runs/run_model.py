@@ -29,6 +29,7 @@ from tokenswift_cli.model.loading import ModelLoadError, end_of_text_ids, load_m
 from tokenswift_cli.model.rope import apply_rope, plan_rope, trained_length
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.sampling.scripts import ScriptFilter, scripts_of, token_bytes
+from tokenswift_cli.sampling.spacing import SpacingRule
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
@@ -166,7 +167,7 @@ def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
 
 def bind_scripts(config: RunConfig, loaded: RunModel, prefix: str | None = None) -> RunConfig:
     """Resolve `--scripts auto` to the scripts of `prefix` and attach what the target distribution needs
-    from the tokenizer: the scripts filter."""
+    from the tokenizer: the scripts filter and the spacing rule."""
     vocab_size = int(loaded.target.lm_head.weight.shape[0])
     return config.replace(sampling=with_scripts_filter(config.sampling, loaded.tokenizer, vocab_size, prefix))
 
@@ -174,7 +175,10 @@ def bind_scripts(config: RunConfig, loaded: RunModel, prefix: str | None = None)
 def with_scripts_filter(
     sampling: SamplingConfig, tokenizer: Any, vocab_size: int, prefix: str | None = None
 ) -> SamplingConfig:
-    """`sampling` with "auto" resolved to the scripts of `prefix` and the filter built from `tokenizer`."""
+    """`sampling` with "auto" resolved to the scripts of `prefix`, and the scripts filter and the spacing
+    rule (when asked for) built from `tokenizer`."""
+    if sampling.spacing:
+        sampling = dataclasses.replace(sampling, spacing_rule=SpacingRule(token_bytes(tokenizer), vocab_size))
     if not sampling.scripts:
         return sampling
     names = sampling.scripts

@@ -29,6 +29,7 @@ from transformers import (
 
 from tokenswift_cli.config import ConfigError, SamplingConfig
 from tokenswift_cli.sampling.scripts import ScriptFilter
+from tokenswift_cli.sampling.spacing import SpacingRule
 
 
 def position_uniform(seed: int, position: int, salt: str = "") -> float:
@@ -66,6 +67,8 @@ def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConf
         scores[list(cfg.suppress_token_ids)] = -float("inf")
     if cfg.scripts:
         scores[_script_filter(cfg).banned(context[-4:].tolist()).to(scores.device)] = -float("inf")
+    if cfg.spacing:
+        scores[_spacing_rule(cfg).banned(context[-1:].tolist()).to(scores.device)] = -float("inf")
     if cfg.dry_multiplier is not None:
         scores -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
     window = context[-cfg.penalty_window :]  # [<= W]
@@ -112,6 +115,12 @@ def _script_filter(cfg: SamplingConfig) -> ScriptFilter:
     if cfg.script_filter is None or cfg.script_filter.scripts != cfg.scripts:
         raise ConfigError("the scripts filter needs the tokenizer: attach it with run_model.bind_scripts")
     return cfg.script_filter
+
+
+def _spacing_rule(cfg: SamplingConfig) -> SpacingRule:
+    if cfg.spacing_rule is None:
+        raise ConfigError("the spacing rule needs the tokenizer: attach it with run_model.bind_scripts")
+    return cfg.spacing_rule
 
 
 DRY_MAX_MATCH = 64  # longer repeats are penalised as this long
