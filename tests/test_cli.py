@@ -317,7 +317,7 @@ def test_write_help_shows_the_defaults_it_will_use() -> None:
     assert f"Default: {embedded.min_p}." in shown
     assert f"Default: {embedded.temperature} for the embedded model, {paper.temperature} for others." in shown
     assert "Default: auto for the embedded model, any for others." in shown  # --scripts
-    assert 'Never a letter directly after , ; ! or ? (no ",the"). Default: off.' in shown
+    assert "nor a capital after a small letter. Default: off." in shown  # --spacing
     assert "[default: 1,3,3,3]" in shown and "the last 4,092 tokens" in shown  # tree, window
 
 

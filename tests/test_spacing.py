@@ -1,4 +1,4 @@
-"""The spacing rule: no letter directly after , ; ! or ?, losslessly (TokenSwift writes plain decoding's text)."""
+"""The spacing rule: no letter right after , ; ! ? nor a capital after a small letter, losslessly."""
 
 from __future__ import annotations
 
@@ -15,25 +15,30 @@ from tokenswift_cli.config import ConfigError, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.runs.run_model import with_scripts_filter
 from tokenswift_cli.sampling.distribution import target_scores
-from tokenswift_cli.sampling.spacing import SpacingRule, holds_mark_then_letter, starts_with_letter
+from tokenswift_cli.sampling.spacing import SpacingRule, first_char, glued, holds_glued_pair, last_char
 
-MARK_THEN_LETTER = re.compile(rb"[,;!?](?:[A-Za-z]|\xc3[\x80-\xbf])")
-
-
-def test_which_pieces_start_with_a_letter() -> None:
-    assert starts_with_letter(b"the") and starts_with_letter("été".encode()) and starts_with_letter("Ωx".encode())
-    assert not any(starts_with_letter(p) for p in [b" the", b"3,000", b'"', b"!", b"", b"\xc3", b"\xa9e"])
-    assert holds_mark_then_letter(b",the") and holds_mark_then_letter(b"a?b") and holds_mark_then_letter(",é".encode())
-    assert not any(holds_mark_then_letter(p) for p in [b", the", b"3,000", b"?!", b',"', b"the,", b"e.g"])
+GLUED = re.compile(rb"[,;!?](?:[A-Za-z]|\xc3[\x80-\xbf])|[a-z][A-Z]")
 
 
-def test_the_rule_bans_letters_after_a_mark_only() -> None:
-    vocabulary = [b" the", b"the", b",", b"!", b"3", b'"', b",the", b".", b"x", "é".encode()]
-    rule = SpacingRule(vocabulary, 12)  # two ids past the vocabulary: never banned
-    after_mark = [b in (b"the", b",the", b"x", "é".encode()) for b in vocabulary] + [False, False]
-    assert rule.banned([4, 2]).tolist() == after_mark and rule.banned([3]).tolist() == after_mark
-    assert rule.banned([2, 7]).tolist() == [b == b",the" for b in vocabulary] + [False, False]  # "e.g" is fine
-    assert rule.banned([]).tolist() == rule.banned([0]).tolist()
+def test_which_characters_are_glued() -> None:
+    assert first_char("été".encode()) == "é" and first_char(b"\xc3") == "" and first_char(b"\xa9e") == ""
+    assert last_char(" café".encode()) == "é" and last_char(b"ab\xc3") == "" and last_char(b"") == ""
+    assert glued(",", "t") and glued("?", "É") and glued("a", "B") and glued("é", "Ω")
+    assert not any(glued(a, b) for a, b in [(",", " "), (",", "3"), ("?", "!"), (",", '"'), ("A", "B"), ("a", "b")])
+    assert holds_glued_pair(b",the") and holds_glued_pair(b"McDonald") and holds_glued_pair(",é".encode())
+    assert not any(holds_glued_pair(p) for p in [b", the", b"3,000", b"?!", b',"', b"the,", b"e.g", b"USA"])
+
+
+def test_the_rule_bans_by_the_last_character() -> None:
+    vocabulary = [b" the", b"the", b",", b"!", b"3", b'"', b",the", b"The", b"x", "é".encode(), b"iPhone", b"A"]
+    rule = SpacingRule(vocabulary, 14)  # two ids past the vocabulary: never banned
+    always = [b in (b",the", b"iPhone") for b in vocabulary] + [False, False]
+    letters = [b in (b"the", b",the", b"The", b"x", "é".encode(), b"iPhone", b"A") for b in vocabulary] + [False] * 2
+    capitals = [b in (b",the", b"The", b"iPhone", b"A") for b in vocabulary] + [False, False]
+    assert rule.banned([4, 2]).tolist() == letters and rule.banned([3]).tolist() == letters  # after , and !
+    assert rule.banned([0]).tolist() == capitals and rule.banned([9]).tolist() == capitals  # after "e" and "é"
+    assert rule.banned([7, 4]).tolist() == always and rule.banned([11]).tolist() == always  # after "3" and "A"
+    assert rule.banned([]).tolist() == always and rule.banned([13]).tolist() == always
 
 
 def test_the_rule_is_a_setting_recorded_and_built_from_the_tokenizer() -> None:
@@ -50,7 +55,7 @@ def test_the_rule_is_a_setting_recorded_and_built_from_the_tokenizer() -> None:
 
 def _vocabulary() -> list[bytes]:
     """A vocabulary for the tiny models where marks, letters and spaced words are all common."""
-    pieces = [b" the", b"lamp", b",", b"!", b" keeper", b"a", b"?", b";", b" lit", b"3", b".", "é".encode()]
+    pieces = [b" the", b"lamp", b",", b"!", b" Keeper", b"a", b"?", b"Lit", b" lit", b"3", b".", "é".encode()]
     return [pieces[i % len(pieces)] for i in range(VOCAB)]
 
 
@@ -68,6 +73,6 @@ def test_tokenswift_equals_plain_under_the_rule_and_spaces_after_marks(family: s
     unruled, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain", sampling=free))
     assert first_divergence(fast, plain) is None
     written = b"".join(vocabulary[t] for t in [prompt[-1], *plain])
-    assert MARK_THEN_LETTER.search(written) is None
-    assert MARK_THEN_LETTER.search(b"".join(vocabulary[t] for t in unruled))  # the rule had work to do
+    assert GLUED.search(written) is None
+    assert GLUED.search(b"".join(vocabulary[t] for t in unruled))  # the rule had work to do
     assert stats.iterations < 160

@@ -240,7 +240,9 @@ SpacingOpt = Annotated[
     bool | None,
     typer.Option(
         "--spacing/--no-spacing",
-        help=_with_default('Never a letter directly after , ; ! or ? (no ",the").', "spacing"),
+        help=_with_default(
+            "Keep words apart: no letter right after , ; ! ? nor a capital after a small letter.", "spacing"
+        ),
         rich_help_panel=_SAMPLE,
         show_default=False,
     ),
