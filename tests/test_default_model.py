@@ -119,3 +119,32 @@ def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
     target.backend.native = None
     python_layers, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     assert first_divergence(fast, plain) is None and first_divergence(python_layers, plain) is None
+
+
+def test_the_spacing_rule_on_the_embedded_model_keeps_words_apart_losslessly() -> None:
+    """`--spacing` with the real byte-level vocabulary: TokenSwift writes plain decoding's text, with no glued pair."""
+    import dataclasses
+    import re
+
+    from tokenswift_cli.model.heads import load_heads, shipped_heads
+    from tokenswift_cli.runs.run_model import with_scripts_filter
+    from tokenswift_cli.sampling.defaults import EMBEDDED
+
+    loaded = load_model(ModelSpec(weights="int4"))
+    target, vocab = Target(loaded.model), loaded.model.config.vocab_size
+    shipped = shipped_heads("default")
+    assert shipped is not None
+    heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint)
+    prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
+    spaced = dataclasses.replace(EMBEDDED, spacing=True)
+    sampling = with_scripts_filter(spaced, loaded.tokenizer, vocab, prefix=PROMPT.read_text())
+    rule = sampling.spacing_rule
+    assert rule is not None
+    comma, the, spaced_the = (loaded.tokenizer(w, add_special_tokens=False)["input_ids"] for w in (",", "the", " the"))
+    assert rule.banned(comma)[the[0]] and not rule.banned(comma)[spaced_the[0]]
+    cfg = RunConfig(max_new_tokens=160, sampling=sampling, kv_cache="float16")
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    fast, _ = generate_tokens(target, heads, prompt, cfg)
+    assert first_divergence(fast, plain) is None
+    text = loaded.tokenizer.decode([prompt[-1], *plain])
+    assert not re.search(r"[,;!?][^\W\d_]|[a-z][A-Z]", text), text

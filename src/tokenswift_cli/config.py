@@ -51,8 +51,8 @@ class SamplingConfig:
     every token at or above `xtc_threshold` probability but the least likely of them is removed.
     `scripts` names the scripts the text may use (scripts.py; () = any, ("auto",) = the prefix's,
     resolved before a run starts); the filter itself needs the tokenizer's bytes and is attached by
-    `run_model.with_scripts_filter`, as is the rule of `spacing` (no letter directly after `,;!?`,
-    spacing.py).
+    `run_model.with_scripts_filter`, as is the rule of `spacing` (words kept apart: no letter right
+    after `,;!?`, no capital right after a small letter; spacing.py).
     """
 
     temperature: float = 0.0
