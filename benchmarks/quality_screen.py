@@ -154,7 +154,7 @@ def _row(job: Job, folder: Path) -> dict | None:
     distinct = report["distinct"]
     return {
         "label": job.label, "run": folder.name, "args": list(job.args), "tokens": report["tokens"],
-        "degenerate": _degenerate(report["stretches"]),
+        "degenerate": _degenerate(report["stretches"]), "stretches": _kinds(report["stretches"]),
         "nll_by_position": [b["nll"] for b in report["buckets"]],
         "distinct": [statistics.fmean(w["distinct"][n] for w in distinct) for n in range(4)],
         "repeated_sentences": report["repeated_sentences"],
@@ -166,6 +166,24 @@ def _degenerate(stretches: list[dict]) -> float | None:
     return degenerate_share([Stretch(**s) for s in stretches])
 
 
+def _kinds(stretches: list[dict]) -> dict[str, int]:
+    """How many 500-token stretches there are, how many are degenerate, and of which kind (a stretch can be several)."""
+    pieces = [Stretch(**s) for s in stretches]
+    return {
+        "all": len(pieces), "degenerate": sum(p.degenerate for p in pieces),
+        "run together": sum(p.run_together for p in pieces), "list": sum(p.listing for p in pieces),
+        "chant": sum(p.chanting for p in pieces), "loop": sum(p.looping for p in pieces),
+    }  # fmt: skip
+
+
+def _degenerate_cell(row: dict) -> str:
+    kinds = row.get("stretches")
+    if not kinds or row["degenerate"] is None:
+        return _share(row["degenerate"])
+    named = ", ".join(f"{n} {kind}" for kind, n in kinds.items() if kind not in ("all", "degenerate") and n)
+    return f"{row['degenerate']:.0%} ({kinds['degenerate']}/{kinds['all']}{': ' + named if named else ''})"
+
+
 def _table(rows: list[dict]) -> str:
     lines = [
         "| run | setting | degenerate | judge NLL by position | Distinct-1..4 | repeated | tok/s | tok/step |",
@@ -174,7 +192,7 @@ def _table(rows: list[dict]) -> str:
     for r in rows:
         nll = " ".join("-" if x is None else f"{x:.2f}" for x in r["nll_by_position"])
         lines.append(
-            f"| {r['run']} | {r['label']} | {_share(r['degenerate'])} | {nll} | "
+            f"| {r['run']} | {r['label']} | {_degenerate_cell(r)} | {nll} | "
             f"{' '.join(f'{d:.3f}' for d in r['distinct'])} | {r['repeated_sentences']:.1%} | "
             f"{r['tokens_per_second']:.1f} | {r['tokens_per_step']:.2f} |"
         )
