@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/sampling_probe.py RUN_DIR START NEW [--dry 0.8] [--dry-allowed-length 4]
         [--dry-base 1.75] [--penalty 1.05] [--penalty-window 256] [--min-p 0.2] [--temperature 0.8]
-        [--seed 1] [--scripts any] [--dtype float32] [--sinks 192] [--threads 2]
+        [--seed 1] [--scripts any] [--spacing on] [--dtype float32] [--sinks 192] [--threads 2]
 
 Replays the run's settings (model and weights, sampling, context window) from its settings.json,
 keeps its first START generated tokens as the prefix, writes NEW more with the settings changed as
@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None, help="Seed of the position-keyed draws (default: the run's).")
     parser.add_argument("--scripts", default=None, help="any, auto or names (default: the run's).")
+    parser.add_argument("--spacing", choices=("on", "off"), default=None, help="The spacing rule (default: the run's).")
     parser.add_argument("--dtype", default=None, help="Default: the run's.")
     parser.add_argument("--sinks", type=int, default=None, help="Sinks of the context window (default: the run's).")
     parser.add_argument("--threads", type=int, default=1)
@@ -74,6 +75,8 @@ def main() -> None:
         changes["penalty"] = None if args.penalty == 1.0 else args.penalty
     if args.scripts is not None:
         changes["scripts"] = scripts.parse_scripts(args.scripts)
+    if args.spacing is not None:
+        changes["spacing"] = args.spacing == "on"
     sampling = dataclasses.replace(cfg.sampling, **changes)  # type: ignore[arg-type]
     prefix_text = loaded.tokenizer.decode(tokens[:prefix_length])
     sampling = with_scripts_filter(sampling, loaded.tokenizer, loaded.model.config.vocab_size, prefix=prefix_text)
