@@ -177,8 +177,11 @@ def with_scripts_filter(
 ) -> SamplingConfig:
     """`sampling` with "auto" resolved to the scripts of `prefix`, and the scripts filter and the spacing
     rule (when asked for) built from `tokenizer`."""
+    if not sampling.spacing and not sampling.scripts:
+        return sampling
+    vocabulary = token_bytes(tokenizer)  # the bytes of the whole vocabulary, read once for both
     if sampling.spacing:
-        sampling = dataclasses.replace(sampling, spacing_rule=SpacingRule(token_bytes(tokenizer), vocab_size))
+        sampling = dataclasses.replace(sampling, spacing_rule=SpacingRule(vocabulary, vocab_size))
     if not sampling.scripts:
         return sampling
     names = sampling.scripts
@@ -186,5 +189,4 @@ def with_scripts_filter(
         if prefix is None:
             raise ConfigError("--scripts auto must be resolved from the prefix before the run starts")
         names = scripts_of(prefix)
-    script_filter = ScriptFilter(names, token_bytes(tokenizer), vocab_size)
-    return dataclasses.replace(sampling, scripts=names, script_filter=script_filter)
+    return dataclasses.replace(sampling, scripts=names, script_filter=ScriptFilter(names, vocabulary, vocab_size))
