@@ -87,8 +87,12 @@ def test_draws_on_the_device_are_the_draws_on_the_cpu() -> None:
             assert choose(logits.cuda(), context, position, cfg) == choose(logits, context, position, cfg)
 
 
-def split_model(dtype: torch.dtype) -> torch.nn.Module:
-    """The tiny llama with accelerate's `max_memory` putting the embeddings and layer 0 on cuda:0, the rest on cpu."""
+def split_model(dtype: torch.dtype, placement: str) -> torch.nn.Module:
+    """The tiny llama with accelerate's `max_memory` putting the embeddings and layer 0 on cuda:0, the rest on cpu.
+
+    "split": the cpu layers compute on the cpu (accelerate's `main_device="cpu"`); "offload": accelerate's
+    default for a model beyond the GPU's memory, the cpu layers' weights on `meta`, brought to cuda:0 per call.
+    """
     from accelerate import dispatch_model, infer_auto_device_map
 
     model = tiny_model("llama-gqa").to(dtype)
@@ -98,19 +102,24 @@ def split_model(dtype: torch.dtype) -> torch.nn.Module:
         model, max_memory={0: size + 1024, "cpu": 2**30}, no_split_module_classes=["LlamaDecoderLayer"]
     )
     assert set(device_map.values()) == {0, "cpu"}, device_map
-    return dispatch_model(model, device_map)
+    return dispatch_model(model, device_map, main_device="cpu" if placement == "split" else None)
 
 
+PLACEMENTS = {"split": {"cuda", "cpu"}, "offload": {"cuda"}}  # the layers' execution devices
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_device_auto_split_between_cuda_and_cpu_is_lossless(sampling: SamplingConfig) -> None:
-    target = Target(split_model(torch.float32))
-    assert {d.type for d in target.layer_devices} == {"cuda", "cpu"}
+def test_device_auto_between_cuda_and_cpu_is_lossless(sampling: SamplingConfig, placement: str) -> None:
+    target = Target(split_model(torch.float32, placement))
+    assert {d.type for d in target.layer_devices} == PLACEMENTS[placement]
     divergence, iterations, tokens = tokenswift_equals_plain(target, sampling, tokens=120)
     assert divergence is None and iterations < tokens
 
 
-def test_device_auto_keeps_each_layers_cache_on_its_device_through_a_resume(tmp_path: Path) -> None:
-    target = Target(split_model(torch.float32))
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_device_auto_keeps_each_layers_cache_on_its_device_through_a_resume(tmp_path: Path, placement: str) -> None:
+    target = Target(split_model(torch.float32, placement))
     heads = random_heads(target).to(device=target.output_device)
     cfg = RunConfig(max_new_tokens=80, sampling=SEEDED, draft=DraftConfig(partial_budget=64, sink_tokens=4,
                                                                           recent_window=16))  # fmt: skip

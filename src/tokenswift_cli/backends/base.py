@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
+from tokenswift_cli.backends.placement import execution_device
 from tokenswift_cli.backends.rows import exact_rows
 from tokenswift_cli.model.cache import _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
@@ -37,8 +38,13 @@ class Backend(ABC):
         self.model = model
         self.decoder: Any = model.get_decoder()
         self.lm_head: Any = model.get_output_embeddings()
-        self.device: torch.device = self.decoder.embed_tokens.weight.device
+        self.device: torch.device = execution_device(self.decoder.embed_tokens)
         self.dtype: torch.dtype = self.decoder.embed_tokens.weight.dtype
+        # Under `--device auto` the layers may compute on several devices (`placement.py`): each layer's
+        # keys/values live on its own, and the final norm's device is where the hidden states end up.
+        self.layer_devices = [execution_device(layer) for layer in self.decoder.layers]
+        self.output_device = execution_device(self.decoder.norm)
+        self.head_device = execution_device(self.lm_head)
 
     @abstractmethod
     def forward(
@@ -63,6 +69,6 @@ class Backend(ABC):
         """Next-token logits `[..., vocab]` in float32 from post-norm hidden states `[..., hidden]`."""
         if self.q8_head is not None:
             return self.q8_head.logits(hidden)
-        rows = hidden.to(self.lm_head.weight.device).reshape(-1, hidden.shape[-1])
+        rows = hidden.to(self.head_device).reshape(-1, hidden.shape[-1])
         logits = exact_rows(self.lm_head, rows, dim=0).float()  # a row's bits, whatever the batch
         return logits.reshape(*hidden.shape[:-1], -1)

@@ -177,12 +177,11 @@ class LeanBackend(Backend):
         inputs of the modules it hooked (whole layers), not of the ones called here: the residual
         stream, the rotation and the attention's tensors follow each layer to its device.
         """
-        for index, layer in enumerate(self.decoder.layers):
-            device = layer.input_layernorm.weight.device
+        for index, (layer, device) in enumerate(zip(self.decoder.layers, self.layer_devices, strict=True)):
             if x.device != device:
                 x, rotary, attention = x.to(device), (rotary[0].to(device), rotary[1].to(device)), attention.to(device)
             x = self._layer(layer, x, rotary, cache.layer_list[index], attention=attention, capture=capture)
-        x = x.to(self.decoder.norm.weight.device)
+        x = x.to(self.output_device)
         return Forward(pre_norm=x[0], hidden=self.decoder.norm(x)[0])
 
     def _layer(

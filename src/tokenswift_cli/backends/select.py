@@ -9,6 +9,7 @@ from tokenswift_cli.backends.base import Backend
 from tokenswift_cli.backends.cpu.invariant import BatchInvariantBackend, q8_head_for, rounds_inputs
 from tokenswift_cli.backends.cuda import padded
 from tokenswift_cli.backends.lean import LeanBackend, supports_lean
+from tokenswift_cli.backends.placement import execution_device
 from tokenswift_cli.backends.stock import ATTENTION_NAME, StockBackend
 
 
@@ -24,7 +25,7 @@ def backend_for(model: PreTrainedModel, *, lean: bool | None = None) -> Backend:
     model.set_attn_implementation(ATTENTION_NAME)
     lean = supports_lean(model) if lean is None else lean
     weight = model.get_decoder().embed_tokens.weight
-    on_cpu = weight.device.type == "cpu"
+    on_cpu = execution_device(model.get_decoder().embed_tokens).type == "cpu"
     if not lean:
         return StockBackend(model, q8_head=q8_head_for(model) if on_cpu else None)
     if padded.applies(model):  # CUDA: exact forwards at one padded row count (or forced, for tests)

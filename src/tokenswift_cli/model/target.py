@@ -31,10 +31,8 @@ class Target:
         self.num_layers: int = model.config.num_hidden_layers
         self.device = self.backend.device
         self.dtype = self.backend.dtype
-        # Under `--device auto` the layers spread over devices: each layer's keys/values live on its
-        # own, and the final norm's device is where the hidden states (and the draft heads) end up.
-        self.layer_devices = [layer.input_layernorm.weight.device for layer in self.decoder.layers]
-        self.output_device: torch.device = self.decoder.norm.weight.device
+        self.layer_devices = self.backend.layer_devices  # where each layer's keys/values live
+        self.output_device = self.backend.output_device  # where the hidden states (and the draft heads) end up
 
     # What the backend is and does (see `backends/base.py`), for the engine, tests and benchmarks.
     @property

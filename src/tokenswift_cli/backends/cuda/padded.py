@@ -27,6 +27,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotat
 from tokenswift_cli.backends.cuda import invariance
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
 from tokenswift_cli.backends.lean import LeanBackend, Rotation, supports_lean
+from tokenswift_cli.backends.placement import execution_device
 from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
 
@@ -37,7 +38,7 @@ FORCE = "TOKENSWIFT_PADDED"  # "1": take this backend on any device (tests, benc
 
 def applies(model: PreTrainedModel) -> bool:
     """A CUDA model of a layout the lean forward knows, or any such model when `FORCE` is set."""
-    on_cuda = model.get_decoder().embed_tokens.weight.device.type == "cuda"
+    on_cuda = execution_device(model.get_decoder().embed_tokens).type == "cuda"
     return supports_lean(model) and (on_cuda or os.environ.get(FORCE) == "1")
 
 
@@ -118,13 +119,12 @@ class PaddedBackend(LeanBackend):
         x = self.decoder.embed_tokens(padded[None])  # [1, rows, hidden]
         piece = self._layout(x, where, positions[:end], cache, block_mask[begin:end, :end], begin)
         pieces = {x.device: piece}
-        for index, layer in enumerate(self.decoder.layers):
-            device = layer.input_layernorm.weight.device
+        for index, (layer, device) in enumerate(zip(self.decoder.layers, self.layer_devices, strict=True)):
             x = x.to(device)
             on_device = pieces.get(device) or pieces.setdefault(device, piece.to(device))
             keep = row - begin if row is not None and begin <= row < end else None
             x = self._padded_layer(layer, x, cache.layer_list[index], on_device, capture, keep)
-        x = x.to(self.decoder.norm.weight.device)
+        x = x.to(self.output_device)
         return Forward(pre_norm=x[0, :real], hidden=self.decoder.norm(x)[0, :real])
 
     def _layout(
@@ -197,7 +197,7 @@ class PaddedBackend(LeanBackend):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head in products of exactly `LOGIT_ROWS` rows (a row's logits whatever the batch)."""
-        rows = hidden.to(self.lm_head.weight.device).reshape(-1, hidden.shape[-1])
+        rows = hidden.to(self.head_device).reshape(-1, hidden.shape[-1])
         parts = [
             self.lm_head(F.pad(part, (0, 0, 0, LOGIT_ROWS - part.shape[0])))[: part.shape[0]].float()
             for part in rows.split(LOGIT_ROWS)
