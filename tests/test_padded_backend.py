@@ -1,16 +1,21 @@
 """The padded (CUDA) backend, forced onto the CPU: its rows do not depend on the rows beside them, and
-TokenSwift through it writes plain decoding's text. The same checks run on a GPU in test_gpu.py."""
+TokenSwift through it writes plain decoding's text, eagerly and through the static-shape body that CUDA
+graphs capture (run uncaptured here). The same checks run on a GPU in test_gpu.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import tiny_model
+from helpers import first_divergence, random_prompt
 from padded_checks import GREEDY, SEEDED, WINDOW, chain_rows_differing, tokenswift_equals_plain, tree_rows_differing
 
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
+from tokenswift_cli.backends.cuda.graphs import GRAPHS, SPAN_STEP, StepGraphs
 from tokenswift_cli.backends.cuda.padded import FORCE, PaddedBackend
 from tokenswift_cli.backends.lean import LeanBackend
+from tokenswift_cli.config import RunConfig, SamplingConfig
+from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.engine.tree import build_tree
 from tokenswift_cli.model.attention import attend
 from tokenswift_cli.model.target import Target
@@ -18,9 +23,10 @@ from tokenswift_cli.model.target import Target
 TREE = build_tree(5, [(1, 2, 3), (4, 5), (6, 7)], [(9, 9, 9, 9, 9)])  # 1 + 3 + 6 + 12 + 5 nodes
 
 
-@pytest.fixture
-def forced(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(params=["0", "body"], ids=["eager", "graph-body"])
+def forced(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     monkeypatch.setenv(FORCE, "1")
+    monkeypatch.setenv(GRAPHS, request.param)
 
 
 def padded(family: str, dtype: torch.dtype, rows: int | None = None) -> Target:
@@ -28,6 +34,8 @@ def padded(family: str, dtype: torch.dtype, rows: int | None = None) -> Target:
     assert isinstance(target.backend, PaddedBackend)
     if rows is not None:
         target.backend.rows = rows
+        if target.backend.graphs is not None:
+            target.backend.graphs = StepGraphs(target.backend, capture=False)
     return target
 
 
@@ -54,8 +62,31 @@ def test_a_verified_tree_gives_each_node_the_bits_of_its_path_decoded(family: st
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("window", [None, WINDOW], ids=["full", "window"])
 def test_tokenswift_through_the_padded_backend_equals_plain(family: str, sampling, window) -> None:  # type: ignore[no-untyped-def]
-    divergence, iterations, tokens = tokenswift_equals_plain(padded(family, torch.bfloat16), sampling, window=window)
+    target = padded(family, torch.bfloat16)
+    divergence, iterations, tokens = tokenswift_equals_plain(target, sampling, window=window)
     assert divergence is None and iterations < tokens
+    graphs = target.backend.graphs
+    if graphs is not None:  # the graph body ran the verifications (none under a window)
+        assert bool(graphs.captured) == (window is None)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_the_graph_body_writes_the_eager_text(
+    family: str, sampling: SamplingConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Across spans (one graph per `SPAN_STEP` keys; the last one ends at the cache's capacity)."""
+    monkeypatch.setenv(FORCE, "1")
+    prompt = random_prompt(SPAN_STEP - 100)
+    cfg = RunConfig(max_new_tokens=150, sampling=sampling, prefill_chunk=256, mode="plain")
+    texts = {}
+    for mode in ("0", "body"):
+        monkeypatch.setenv(GRAPHS, mode)
+        target = padded(family, torch.bfloat16)
+        texts[mode] = generate_tokens(target, None, prompt, cfg)[0]
+    spans, attending = zip(*sorted(target.backend.graphs.captured), strict=True)
+    assert spans[0] == SPAN_STEP and SPAN_STEP < spans[1] <= 2 * SPAN_STEP and len(spans) == 2
+    assert attending == (1, 1)  # plain steps attend their one row
+    assert first_divergence(texts["body"], texts["0"]) is None
 
 
 @pytest.mark.usefixtures("forced")

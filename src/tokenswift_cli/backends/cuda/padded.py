@@ -26,6 +26,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotat
 
 from tokenswift_cli.backends.cuda import invariance
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
+from tokenswift_cli.backends.cuda.graphs import GRAPHS, StepGraphs
 from tokenswift_cli.backends.lean import LeanBackend, Rotation, supports_lean
 from tokenswift_cli.backends.placement import execution_device
 from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, _PreallocatedCache
@@ -76,6 +77,8 @@ class PaddedBackend(LeanBackend):
         super().__init__(model)
         invariance.configure(self.device)
         self.rows = rows
+        mode = os.environ.get(GRAPHS, "1" if self.device.type == "cuda" else "0")
+        self.graphs = None if mode == "0" else StepGraphs(self, capture=mode != "body")
 
     def forward(
         self,
@@ -93,6 +96,8 @@ class PaddedBackend(LeanBackend):
         count = tokens.shape[0]
         if block_mask is None:
             block_mask = torch.ones(count, count, dtype=torch.bool).tril()
+        if self.graphs is not None and self.graphs.covers(count, cache, capture):
+            return self.graphs.forward(tokens, positions[0], cache, block_mask.to(self.device), capture)  # type: ignore[arg-type]
         row = None if capture is None else capture.row % count
         parts = [
             self._piece(tokens, positions[0], cache, block_mask.to(self.device), begin, capture, row)

@@ -1,0 +1,170 @@
+"""CUDA graphs of the padded backend's exact forward: a step replayed by one launch instead of ~1,600.
+
+On the H100 measured here (benchmarks/gpu-h100) the host took ~90 ms to launch a step whose GPU work
+was ~7 ms. A graph replays a step's kernels reading its inputs from fixed device tensors, so all that
+changes between steps lives there: the `rows` tokens and positions, how many keys the cache holds,
+which of the step's rows see which. A step attends the cache's first `span` slots (`span` a multiple
+of `SPAN_STEP`) under a mask: the held keys, the step's own rows as its tree allows, nothing past
+them. A masked key's weight is exactly 0 (and its value finite: zeroed in a new buffer), so the sums
+are those of attending the visible keys alone.
+Attention runs for the first `attending` rows only (1 for a plain step, up to `rows` for a tree:
+`ATTENDING`), as the eager path's does for the real ones; the row-wise modules always run all
+`rows`. One graph per (span, attending), captured the first time a step needs it, all sharing one
+memory pool.
+
+Forwards of more than `rows` tokens, under a context window, with layers on several devices or
+capturing another row's queries than the first run eagerly (`padded.py`), as does the first forward
+after a cache is allocated again. `StepGraphs(..., capture=False)` runs the same static-shape body
+without capturing: how the CPU tests check its arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from tokenswift_cli.backends.cuda.float64_attention import float64_attention
+from tokenswift_cli.model.cache import FullCache, _PreallocatedCache
+from tokenswift_cli.model.forward import Forward, QueryCapture
+
+if TYPE_CHECKING:
+    from tokenswift_cli.backends.cuda.padded import PaddedBackend
+
+SPAN_STEP = 1024  # keys attended per step, rounded up to this: at most 1,023 masked keys, one graph per 1K
+ATTENDING = (1, 4, 16, 64)  # rows whose attention a graph computes (the forward's tokens, rounded up)
+GRAPHS = "TOKENSWIFT_CUDA_GRAPHS"  # "0": none (every exact forward eager); "body": the body uncaptured, any device
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph | None
+    pre_norm: torch.Tensor  # [rows, hidden], overwritten by each replay
+    hidden: torch.Tensor
+    queries: torch.Tensor  # [layers, heads, head_dim]: the first row's rotated queries
+
+
+class StepGraphs:
+    """The padded backend's single-piece exact forward at fixed shapes, one CUDA graph per (span, attending)."""
+
+    def __init__(self, backend: PaddedBackend, *, capture: bool = True) -> None:
+        self.backend = backend
+        self.rows = backend.rows
+        self.capture = capture
+        device = backend.device
+        self.tokens = torch.zeros(backend.rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(backend.rows, dtype=torch.long, device=device)
+        self.stored = torch.zeros((), dtype=torch.long, device=device)
+        self.tree_visible = torch.zeros(backend.rows, backend.rows, dtype=torch.bool, device=device)
+        self.captured: dict[tuple[int, int], _Captured] = {}  # by (span, attending)
+        self.buffers: list[weakref.ref[torch.Tensor]] = []  # the cache storage the graphs write into
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def covers(self, count: int, cache: _PreallocatedCache, capture: QueryCapture | None) -> bool:
+        """Whether this forward can replay a graph (else the padded backend runs it eagerly)."""
+        first = cache.layer_list[0]
+        return (
+            count <= self.rows
+            and isinstance(cache, FullCache)
+            and cache.window is None
+            and first.keys is not None
+            and first.stored + self.rows <= first.keys.shape[2]  # else the cache grows first (eagerly)
+            and (capture is None or capture.row % count == 0)
+            and len(set(self.backend.layer_devices)) == 1
+        )
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: FullCache, block_mask: torch.Tensor,
+        capture: QueryCapture | None,
+    ) -> Forward:  # fmt: skip
+        """Tokens `[q]` at `positions` `[q]` after the cache's held keys; `block_mask` `[q, q]`."""
+        count, stored = tokens.shape[0], cache.layer_list[0].stored
+        capacity = cache.layer_list[0].keys.shape[2]  # type: ignore[union-attr]
+        span = min(math.ceil((stored + self.rows) / SPAN_STEP) * SPAN_STEP, capacity)
+        if not self._writes_into(cache):  # a new or grown cache: the graphs write into the old one
+            self.captured.clear()
+            self.buffers = [weakref.ref(layer.values) for layer in cache.layer_list]  # type: ignore[arg-type]
+            for layer in cache.layer_list:  # masked slots weigh 0, and 0 x a never-written NaN is NaN
+                layer.values[:, :, stored:].zero_()  # type: ignore[index]
+        pad = self.rows - count
+        self.tokens.copy_(torch.nn.functional.pad(tokens, (0, pad)))
+        self.positions.copy_(torch.cat([positions, positions[-1:].expand(pad)]))
+        self.stored.fill_(stored)
+        visible = torch.eye(self.rows, dtype=torch.bool, device=tokens.device)  # a pad row sees itself: no NaN
+        visible[:count, :count] = block_mask
+        self.tree_visible.copy_(visible)
+        shape = (span, min(next((q for q in ATTENDING if q >= count), self.rows), self.rows))
+        captured = self.captured.get(shape) or self._capture(shape, cache)
+        if captured.graph is not None:
+            captured.graph.replay()
+        else:
+            self._body(shape, cache, captured)
+        if capture is not None:
+            capture.queries.update({i: q.clone() for i, q in enumerate(captured.queries)})
+        return Forward(pre_norm=captured.pre_norm[:count].clone(), hidden=captured.hidden[:count].clone())
+
+    def _writes_into(self, cache: FullCache) -> bool:
+        """Whether the graphs were captured on this cache's buffers (by identity: an address can be reused)."""
+        return len(self.buffers) == len(cache.layer_list) and all(
+            held() is layer.values for held, layer in zip(self.buffers, cache.layer_list, strict=True)
+        )
+
+    def _capture(self, shape: tuple[int, int], cache: FullCache) -> _Captured:
+        backend, device = self.backend, self.backend.device
+        attn = backend.decoder.layers[0].self_attn
+        heads = backend.model.config.num_attention_heads
+        hidden_size = backend.decoder.embed_tokens.weight.shape[1]
+        outputs = _Captured(
+            None,
+            torch.empty(self.rows, hidden_size, dtype=backend.dtype, device=device),
+            torch.empty(self.rows, hidden_size, dtype=backend.dtype, device=device),
+            torch.empty(len(backend.decoder.layers), heads, attn.head_dim, dtype=backend.dtype, device=device),
+        )
+        if self.capture:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                self._body(shape, cache, outputs)  # warm-up: handles, workspaces, kernel choice
+            torch.cuda.current_stream(device).wait_stream(side)
+            outputs.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(outputs.graph, pool=self.pool):
+                self._body(shape, cache, outputs)
+        self.captured[shape] = outputs
+        return outputs
+
+    def _body(self, shape: tuple[int, int], cache: FullCache, out: _Captured) -> None:
+        """The forward over `rows` rows, the first `attending` attending the first `span` cache slots."""
+        (span, attending), backend, rows = shape, self.backend, self.rows
+        x = backend.decoder.embed_tokens(self.tokens[None])  # [1, rows, hidden]
+        rotary = backend.decoder.rotary_emb(x, self.positions[None])
+        slots = self.stored + torch.arange(rows, device=x.device)  # where the step's keys go
+        relative = torch.arange(span, device=x.device) - self.stored  # slot - held keys
+        own = (relative >= 0) & (relative < rows)
+        tree = self.tree_visible[:attending, relative.clamp(0, rows - 1)]
+        seen = (relative < 0)[None] | (own[None] & tree)  # [attending, span]
+        nothing = seen[:, :0]
+        for index, layer in enumerate(backend.decoder.layers):
+            attn, stored = layer.self_attn, cache.layer_list[index]
+            hidden = layer.input_layernorm(x)
+            shape = (1, rows, -1, attn.head_dim)
+            query, key, value = (
+                proj(hidden).reshape(shape).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+            )  # [1, heads, rows, d]
+            query, key = apply_rotary_pos_emb(query, key, *rotary)
+            out.queries[index].copy_(query[0, :, 0])
+            assert stored.keys is not None and stored.values is not None
+            stored.keys.index_copy_(2, slots, key.to(stored.keys.dtype))
+            stored.values.index_copy_(2, slots, value.to(stored.values.dtype))
+            keys, values = stored.keys[:, :, :span], stored.values[:, :, :span]
+            attended = float64_attention(
+                query[:, :, :attending], keys, values, keys[:, :, :0], values[:, :, :0], tree_visible=nothing,
+                scaling=attn.scaling, cache_visible=seen,
+            )  # fmt: skip
+            x = x + attn.o_proj(torch.nn.functional.pad(attended, (0, 0, 0, rows - attending)))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        out.pre_norm.copy_(x[0])
+        out.hidden.copy_(backend.decoder.norm(x)[0])
