@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_profile.py hf          # transformers' forward, default cuBLAS settings
     python benchmarks/gpu_profile.py hf-invariant  # the same under backends/cuda/invariance.py's settings
-    python benchmarks/gpu_profile.py padded      # the engine's exact plain step (PaddedBackend)
+    python benchmarks/gpu_profile.py padded      # the engine's exact plain step (PaddedBackend, CUDA graphs)
+    python benchmarks/gpu_profile.py padded-eager  # the same launched op by op (TOKENSWIFT_CUDA_GRAPHS=0)
     python benchmarks/gpu_profile.py lean        # the engine's lean (not exact) step on the same device
 
 Each prints the median milliseconds of a one-token step after `--context` tokens and the profiler's
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,13 +60,17 @@ def engine_step(model: torch.nn.Module, prompt: list[int], exact: bool):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["hf", "hf-invariant", "padded", "lean"])
+    parser.add_argument("part", choices=["hf", "hf-invariant", "padded", "padded-eager", "lean"])
     parser.add_argument("--shape", default="qwen2.5-1.5b")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = torch.device("cpu" if args.dry_run else "cuda")
+    if args.part == "padded-eager":
+        from tokenswift_cli.backends.cuda.graphs import GRAPHS
+
+        os.environ[GRAPHS] = "0"
     if args.part == "hf-invariant":
         from tokenswift_cli.backends.cuda import invariance
 
@@ -75,7 +81,7 @@ def main() -> None:
     if args.part.startswith("hf"):
         step = hf_step(model, prompt.tolist(), device)
     else:
-        step, backend = engine_step(model, prompt.tolist(), exact=args.part == "padded")
+        step, backend = engine_step(model, prompt.tolist(), exact=args.part.startswith("padded"))
     ms = timed(step, device, 20)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":

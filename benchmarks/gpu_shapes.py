@@ -1,5 +1,6 @@
 """Real model shapes with random weights on a GPU: the padded backend's plain step against the memory floor,
-a 64-node verification against a plain step, `generate()` eager at long context, and the host's share.
+a 64-node verification against a plain step, `generate()` eager at long context, and the host's share;
+with CUDA graphs (the default on a GPU) and without (`*_eager_ms`).
 
     python benchmarks/gpu_shapes.py --device cuda --out $OUT/shapes.json         # on the GPU machine
     TOKENSWIFT_PADDED=1 python benchmarks/gpu_shapes.py --dry-run --out /tmp/s.json  # the logic, on a CPU
@@ -125,6 +126,13 @@ def at_context(target: Target, context: int, device: torch.device, *, dry: bool,
 
     plain_ms = timed(step, device, 5 if dry else 20)
     verify_ms = timed(verification, device, 5 if dry else 10)
+    graphs = getattr(target.backend, "graphs", None)
+    eager: dict[str, float] = {}
+    if graphs is not None:  # the same forwards launched op by op, for the graphs' gain
+        target.backend.graphs = None
+        eager = {"plain_step_eager_ms": timed(step, device, 5 if dry else 10),
+                 "verify64_eager_ms": timed(verification, device, 5 if dry else 5)}  # fmt: skip
+        target.backend.graphs = graphs
     sync(device)  # the engine's own loop, plain decoding: its iterations against the step's device time
     start = time.perf_counter()
     iterations = sum(1 for _ in generate(target, None, state, cfg.replace(max_new_tokens=32)))
@@ -135,7 +143,7 @@ def at_context(target: Target, context: int, device: torch.device, *, dry: bool,
         "plain_step_ms": plain_ms, "verify64_ms": verify_ms, "verify64_over_step": verify_ms / plain_ms,
         "step_over_floor": plain_ms / floor_ms, "iteration_ms": iteration_ms,
         "host_share": max(0.0, 1 - plain_ms / iteration_ms), "generate_eager_ms": generate_ms,
-        "plain_speedup_over_generate": generate_ms / iteration_ms,
+        "plain_speedup_over_generate": generate_ms / iteration_ms, **eager,
     }  # fmt: skip
 
 

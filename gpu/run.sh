@@ -40,7 +40,7 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; } >"$
   tail -n 3 "$OUT/env.txt" | tee -a "$summary"
   tests=(tests/test_gpu.py -k "not embedded")
   [ "$dry" = --dry-run ] && tests=(tests/test_padded_backend.py)
-  run 150 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
+  run 200 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
   run 150 shapes.log "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --out "$OUT/shapes.json"
 elif [ "$mode" = stage2 ]; then
   cp .gpu/part2/* "$stage"/ || { note "no .gpu/part2 carried"; exit 1; }
@@ -52,9 +52,9 @@ elif [ "$mode" = stage2 ]; then
   if [ "$dry" = --dry-run ]; then
     bench=(--quick --device cpu --lengths 64 --length-context 64 --contexts "" --sampling greedy)
   else
-    export TOKENSWIFT_GPU_EMBEDDED_TOKENS=2000
+    export TOKENSWIFT_GPU_EMBEDDED_TOKENS=600  # 2,000 ran past 120 s without CUDA graphs (session 18)
     run 130 embedded-tests.log "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k embedded -rs
-    bench=(--device cuda --dtype bfloat16 --weights dense --lengths 2k --length-context 2k --contexts ""
+    bench=(--device cuda --dtype bfloat16 --weights dense --lengths 1k --length-context 2k --contexts ""
       --sampling greedy --methods plain,tokenswift,generate)
   fi
   run 110 bench.log "$PY" -m tokenswift_cli bench "${bench[@]}" --out "$OUT" --name bench

@@ -14,6 +14,7 @@ from helpers import first_divergence, random_heads, random_prompt
 from padded_checks import GREEDY, SEEDED, WINDOW, chain_rows_differing, tokenswift_equals_plain, tree_rows_differing
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from tokenswift_cli.backends.cuda.graphs import GRAPHS, SPAN_STEP
 from tokenswift_cli.backends.cuda.padded import PaddedBackend
 from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.data import DEFAULT_TEXT
@@ -70,6 +71,22 @@ def test_tokenswift_equals_plain_on_tiny_models(family: str, sampling: SamplingC
         on_cuda(tiny_model(family), torch.bfloat16), sampling, window=window
     )
     assert divergence is None and iterations < tokens
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_cuda_graphs_write_the_eager_text(sampling: SamplingConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain decoding replayed from CUDA graphs (across two spans) writes the text of eager forwards."""
+    prompt = random_prompt(SPAN_STEP - 100)
+    cfg = RunConfig(max_new_tokens=150, sampling=sampling, prefill_chunk=256, mode="plain")
+    texts = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv(GRAPHS, mode)
+        target = on_cuda(tiny_model("llama-gqa"), torch.bfloat16)
+        texts[mode] = generate_tokens(target, None, prompt, cfg)[0]
+    graphs = target.backend.graphs
+    assert graphs is not None and len(graphs.captured) == 2
+    assert all(captured.graph is not None for captured in graphs.captured.values())
+    assert first_divergence(texts["1"], texts["0"]) is None
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
