@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
-from helpers import first_divergence, random_prompt
+from helpers import first_divergence, random_heads, random_prompt
 from padded_checks import GREEDY, SEEDED, WINDOW, chain_rows_differing, tokenswift_equals_plain, tree_rows_differing
 
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
 from tokenswift_cli.backends.cuda.graphs import GRAPHS, SPAN_STEP, StepGraphs
 from tokenswift_cli.backends.cuda.padded import FORCE, PaddedBackend
 from tokenswift_cli.backends.lean import LeanBackend
-from tokenswift_cli.config import RunConfig, SamplingConfig
+from tokenswift_cli.config import DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.engine.tree import build_tree
 from tokenswift_cli.model.attention import attend
@@ -35,7 +35,7 @@ def padded(family: str, dtype: torch.dtype, rows: int | None = None) -> Target:
     if rows is not None:
         target.backend.rows = rows
         if target.backend.graphs is not None:
-            target.backend.graphs = StepGraphs(target.backend, capture=False)
+            target.backend.graphs = StepGraphs(target.backend, rows=rows, exact=True, capture=False)
     return target
 
 
@@ -66,8 +66,22 @@ def test_tokenswift_through_the_padded_backend_equals_plain(family: str, samplin
     divergence, iterations, tokens = tokenswift_equals_plain(target, sampling, window=window)
     assert divergence is None and iterations < tokens
     graphs = target.backend.graphs
-    if graphs is not None:  # the graph body ran the verifications (none under a window)
-        assert bool(graphs.captured) == (window is None)
+    if graphs is not None:  # the graph bodies ran the verifications and the draft passes (none under a window)
+        assert bool(graphs.captured) == bool(target.backend.draft_graphs.captured) == (window is None)
+
+
+def test_draft_passes_on_the_partial_cache_run_the_graph_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FORCE, "1")
+    monkeypatch.setenv(GRAPHS, "body")
+    target = padded("llama-gqa", torch.bfloat16)
+    heads = random_heads(target).to(dtype=target.dtype)
+    draft = DraftConfig(tree=(1, 3, 3, 3), partial_budget=64, sink_tokens=4, recent_window=16)
+    cfg = RunConfig(max_new_tokens=120, sampling=SEEDED, prefill_chunk=32, draft=draft)
+    prompt = random_prompt(150)
+    fast, stats = generate_tokens(target, heads, prompt, cfg)
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    assert first_divergence(fast, plain) is None and stats.iterations < len(plain)
+    assert [span for span, _ in target.backend.draft_graphs.captured] == [65]  # the partial cache's capacity
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])

@@ -1,21 +1,22 @@
-"""CUDA graphs of the padded backend's exact forward: a step replayed by one launch instead of ~1,600.
+"""CUDA graphs of the padded backend's forwards: a verification, or a draft pass, replayed by one launch.
 
 On the H100 measured here (benchmarks/gpu-h100) the host took ~90 ms to launch a step whose GPU work
-was ~7 ms. A graph replays a step's kernels reading its inputs from fixed device tensors, so all that
+was ~7 ms (~1,600 launches). A graph replays a step's kernels reading its inputs from fixed device tensors, so all that
 changes between steps lives there: the `rows` tokens and positions, how many keys the cache holds,
 which of the step's rows see which. A step attends the cache's first `span` slots (`span` a multiple
 of `SPAN_STEP`) under a mask: the held keys, the step's own rows as its tree allows, nothing past
-them. A masked key's weight is exactly 0 (and its value finite: zeroed in a new buffer), so the sums
-are those of attending the visible keys alone.
+them. A masked key's weight is exactly 0 (and it is finite: a new buffer's slots are zeroed), so the
+sums are those of attending the visible keys alone.
 Attention runs for the first `attending` rows only (1 for a plain step, up to `rows` for a tree:
 `ATTENDING`), as the eager path's does for the real ones; the row-wise modules always run all
 `rows`. One graph per (span, attending), captured the first time a step needs it, all sharing one
 memory pool.
 
-Forwards of more than `rows` tokens, under a context window, with layers on several devices or
-capturing another row's queries than the first run eagerly (`padded.py`), as does the first forward
-after a cache is allocated again. `StepGraphs(..., capture=False)` runs the same static-shape body
-without capturing: how the CPU tests check its arithmetic.
+The draft pass (one token on the partial cache, TokenSwift step 1) gets graphs of its own, with the
+fast attention: nothing compares its bits. Forwards of more tokens (prefill), under a context window,
+with layers on several devices, or capturing another row's queries than the first run eagerly
+(`padded.py`); a new or grown cache is captured again. `StepGraphs(..., capture=False)` runs the same
+static-shape body without capturing: how the CPU tests check its arithmetic.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
-from tokenswift_cli.model.cache import FullCache, _PreallocatedCache
+from tokenswift_cli.model.cache import FullCache, PartialCache, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
 
 if TYPE_CHECKING:
@@ -38,6 +39,16 @@ if TYPE_CHECKING:
 SPAN_STEP = 1024  # keys attended per step, rounded up to this: at most 1,023 masked keys, one graph per 1K
 ATTENDING = (1, 4, 16, 64)  # rows whose attention a graph computes (the forward's tokens, rounded up)
 GRAPHS = "TOKENSWIFT_CUDA_GRAPHS"  # "0": none (every exact forward eager); "body": the body uncaptured, any device
+
+
+def fast_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """`[1, q, heads * d]`: queries `[1, heads, q, d]` over keys/values `[1, kv, n, d]`, `visible` `[q, n]`."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, keys.to(query.dtype), values.to(query.dtype), attn_mask=visible, scale=scaling, enable_gqa=True
+    )  # [1, heads, q, d]
+    return out.transpose(1, 2).reshape(1, query.shape[2], -1)
 
 
 @dataclass
@@ -49,17 +60,19 @@ class _Captured:
 
 
 class StepGraphs:
-    """The padded backend's single-piece exact forward at fixed shapes, one CUDA graph per (span, attending)."""
+    """A forward of at most `rows` tokens at fixed shapes, one CUDA graph per (span, attending).
 
-    def __init__(self, backend: PaddedBackend, *, capture: bool = True) -> None:
-        self.backend = backend
-        self.rows = backend.rows
-        self.capture = capture
+    `exact`: the padded backend's verification (float64 attention, `rows` rows for the row-wise
+    modules); otherwise the draft pass's one-token forward (fast attention, on the partial cache).
+    """
+
+    def __init__(self, backend: PaddedBackend, *, rows: int, exact: bool, capture: bool = True) -> None:
+        self.backend, self.rows, self.exact, self.capture = backend, rows, exact, capture
         device = backend.device
-        self.tokens = torch.zeros(backend.rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(backend.rows, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.stored = torch.zeros((), dtype=torch.long, device=device)
-        self.tree_visible = torch.zeros(backend.rows, backend.rows, dtype=torch.bool, device=device)
+        self.tree_visible = torch.zeros(rows, rows, dtype=torch.bool, device=device)
         self.captured: dict[tuple[int, int], _Captured] = {}  # by (span, attending)
         self.buffers: list[weakref.ref[torch.Tensor]] = []  # the cache storage the graphs write into
         self.pool = torch.cuda.graph_pool_handle() if capture else None
@@ -69,8 +82,7 @@ class StepGraphs:
         first = cache.layer_list[0]
         return (
             count <= self.rows
-            and isinstance(cache, FullCache)
-            and cache.window is None
+            and (isinstance(cache, PartialCache) or (isinstance(cache, FullCache) and cache.window is None))
             and first.keys is not None
             and first.stored + self.rows <= first.keys.shape[2]  # else the cache grows first (eagerly)
             and (capture is None or capture.row % count == 0)
@@ -78,7 +90,7 @@ class StepGraphs:
         )
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache: FullCache, block_mask: torch.Tensor,
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: _PreallocatedCache, block_mask: torch.Tensor,
         capture: QueryCapture | None,
     ) -> Forward:  # fmt: skip
         """Tokens `[q]` at `positions` `[q]` after the cache's held keys; `block_mask` `[q, q]`."""
@@ -88,7 +100,8 @@ class StepGraphs:
         if not self._writes_into(cache):  # a new or grown cache: the graphs write into the old one
             self.captured.clear()
             self.buffers = [weakref.ref(layer.values) for layer in cache.layer_list]  # type: ignore[arg-type]
-            for layer in cache.layer_list:  # masked slots weigh 0, and 0 x a never-written NaN is NaN
+            for layer in cache.layer_list:  # a never-written NaN stays NaN under a mask (NaN - inf, 0 x NaN)
+                layer.keys[:, :, stored:].zero_()  # type: ignore[index]
                 layer.values[:, :, stored:].zero_()  # type: ignore[index]
         pad = self.rows - count
         self.tokens.copy_(torch.nn.functional.pad(tokens, (0, pad)))
@@ -107,13 +120,13 @@ class StepGraphs:
             capture.queries.update({i: q.clone() for i, q in enumerate(captured.queries)})
         return Forward(pre_norm=captured.pre_norm[:count].clone(), hidden=captured.hidden[:count].clone())
 
-    def _writes_into(self, cache: FullCache) -> bool:
+    def _writes_into(self, cache: _PreallocatedCache) -> bool:
         """Whether the graphs were captured on this cache's buffers (by identity: an address can be reused)."""
         return len(self.buffers) == len(cache.layer_list) and all(
             held() is layer.values for held, layer in zip(self.buffers, cache.layer_list, strict=True)
         )
 
-    def _capture(self, shape: tuple[int, int], cache: FullCache) -> _Captured:
+    def _capture(self, shape: tuple[int, int], cache: _PreallocatedCache) -> _Captured:
         backend, device = self.backend, self.backend.device
         attn = backend.decoder.layers[0].self_attn
         heads = backend.model.config.num_attention_heads
@@ -136,7 +149,7 @@ class StepGraphs:
         self.captured[shape] = outputs
         return outputs
 
-    def _body(self, shape: tuple[int, int], cache: FullCache, out: _Captured) -> None:
+    def _body(self, shape: tuple[int, int], cache: _PreallocatedCache, out: _Captured) -> None:
         """The forward over `rows` rows, the first `attending` attending the first `span` cache slots."""
         (span, attending), backend, rows = shape, self.backend, self.rows
         x = backend.decoder.embed_tokens(self.tokens[None])  # [1, rows, hidden]
@@ -160,10 +173,13 @@ class StepGraphs:
             stored.keys.index_copy_(2, slots, key.to(stored.keys.dtype))
             stored.values.index_copy_(2, slots, value.to(stored.values.dtype))
             keys, values = stored.keys[:, :, :span], stored.values[:, :, :span]
-            attended = float64_attention(
-                query[:, :, :attending], keys, values, keys[:, :, :0], values[:, :, :0], tree_visible=nothing,
-                scaling=attn.scaling, cache_visible=seen,
-            )  # fmt: skip
+            if self.exact:
+                attended = float64_attention(
+                    query[:, :, :attending], keys, values, keys[:, :, :0], values[:, :, :0], tree_visible=nothing,
+                    scaling=attn.scaling, cache_visible=seen,
+                )  # fmt: skip
+            else:
+                attended = fast_attention(query[:, :, :attending], keys, values, seen, attn.scaling)
             x = x + attn.o_proj(torch.nn.functional.pad(attended, (0, 0, 0, rows - attending)))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         out.pre_norm.copy_(x[0])

@@ -78,7 +78,10 @@ class PaddedBackend(LeanBackend):
         invariance.configure(self.device)
         self.rows = rows
         mode = os.environ.get(GRAPHS, "1" if self.device.type == "cuda" else "0")
-        self.graphs = None if mode == "0" else StepGraphs(self, capture=mode != "body")
+        self.graphs = self.draft_graphs = None  # verification; the draft pass's one-token forward
+        if mode != "0":
+            self.graphs = StepGraphs(self, rows=rows, exact=True, capture=mode != "body")
+            self.draft_graphs = StepGraphs(self, rows=1, exact=False, capture=mode != "body")
 
     def forward(
         self,
@@ -91,6 +94,8 @@ class PaddedBackend(LeanBackend):
         exact: bool,
     ) -> Forward:
         """Exact: pieces of `rows` rows; otherwise the lean fast path."""
+        if not exact and self.draft_graphs is not None and self.draft_graphs.covers(tokens.shape[0], cache, capture):
+            return self.draft_graphs.forward(tokens, positions[0], cache, torch.ones(1, 1, dtype=torch.bool), capture)
         if not exact:
             return super().forward(tokens, positions, cache, block_mask=block_mask, capture=capture, exact=False)
         count = tokens.shape[0]
