@@ -78,6 +78,9 @@ class PaddedBackend(LeanBackend):
         invariance.configure(self.device)
         self.rows = rows
         mode = os.environ.get(GRAPHS, "1" if self.device.type == "cuda" else "0")
+        rope_type = str(getattr(self.decoder.rotary_emb, "rope_type", "default"))
+        if "dynamic" in rope_type or rope_type == "longrope":  # their tables change with the positions, on the host
+            mode = "0"
         self.graphs = self.draft_graphs = None  # verification; the draft pass's one-token forward
         if mode != "0":
             self.graphs = StepGraphs(self, rows=rows, exact=True, capture=mode != "body")
