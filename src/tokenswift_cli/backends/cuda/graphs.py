@@ -163,9 +163,9 @@ class StepGraphs:
         for index, layer in enumerate(backend.decoder.layers):
             attn, stored = layer.self_attn, cache.layer_list[index]
             hidden = layer.input_layernorm(x)
-            shape = (1, rows, -1, attn.head_dim)
+            by_head = (1, rows, -1, attn.head_dim)
             query, key, value = (
-                proj(hidden).reshape(shape).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+                proj(hidden).reshape(by_head).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
             )  # [1, heads, rows, d]
             query, key = apply_rotary_pos_emb(query, key, *rotary)
             out.queries[index].copy_(query[0, :, 0])
