@@ -81,6 +81,8 @@ class PaddedBackend(LeanBackend):
         rope_type = str(getattr(self.decoder.rotary_emb, "rope_type", "default"))
         if "dynamic" in rope_type or rope_type == "longrope":  # their tables change with the positions, on the host
             mode = "0"
+        if any(p.device.type == "meta" for p in model.parameters()):  # offloaded: hooks copy weights in per call
+            mode = "0"
         self.graphs = self.draft_graphs = None  # verification; the draft pass's one-token forward
         if mode != "0":
             self.graphs = StepGraphs(self, rows=rows, exact=True, capture=mode != "body")
