@@ -144,7 +144,8 @@ class StepGraphs:
                 self._body(shape, cache, outputs)  # warm-up: handles, workspaces, kernel choice
             torch.cuda.current_stream(device).wait_stream(side)
             outputs.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(outputs.graph, pool=self.pool):
+            local = "thread_local"  # another thread's CUDA work (a memory sampler, say) does not break the capture
+            with torch.cuda.graph(outputs.graph, pool=self.pool, capture_error_mode=local):
                 self._body(shape, cache, outputs)
         self.captured[shape] = outputs
         return outputs
