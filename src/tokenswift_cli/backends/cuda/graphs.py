@@ -24,17 +24,14 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from tokenswift_cli.backends.base import Backend
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
 from tokenswift_cli.model.cache import FullCache, PartialCache, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
-
-if TYPE_CHECKING:
-    from tokenswift_cli.backends.cuda.padded import PaddedBackend
 
 SPAN_STEP = 1024  # keys attended per step, rounded up to this: at most 1,023 masked keys, one graph per 1K
 ATTENDING = (1, 4, 16, 64)  # rows whose attention a graph computes (the forward's tokens, rounded up)
@@ -66,7 +63,7 @@ class StepGraphs:
     modules); otherwise the draft pass's one-token forward (fast attention, on the partial cache).
     """
 
-    def __init__(self, backend: PaddedBackend, *, rows: int, exact: bool, capture: bool = True) -> None:
+    def __init__(self, backend: Backend, *, rows: int, exact: bool, capture: bool = True) -> None:
         self.backend, self.rows, self.exact, self.capture = backend, rows, exact, capture
         device = backend.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
