@@ -38,6 +38,24 @@ ATTENDING = (1, 4, 16, 64)  # rows whose attention a graph computes (the forward
 GRAPHS = "TOKENSWIFT_CUDA_GRAPHS"  # "0": none (every exact forward eager); "body": the body uncaptured, any device
 
 
+def rotated_projections(
+    layer: torch.nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's (unrotated query, query, key, value) `[1, heads, rows, d]` of `x` `[1, rows, hidden]`.
+
+    The padded backend's eager pieces and the graphs' body both take them from here: the same
+    products in the same order, so a row's bits agree between the two paths.
+    """
+    attn = layer.self_attn
+    hidden = layer.input_layernorm(x)
+    by_head = (1, x.shape[1], -1, attn.head_dim)
+    raw_query, key, value = (
+        proj(hidden).reshape(by_head).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+    )
+    query, key = apply_rotary_pos_emb(raw_query, key, *rotary)
+    return raw_query, query, key, value
+
+
 def fast_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scaling: float
 ) -> torch.Tensor:
@@ -160,12 +178,7 @@ class StepGraphs:
         nothing = seen[:, :0]
         for index, layer in enumerate(backend.decoder.layers):
             attn, stored = layer.self_attn, cache.layer_list[index]
-            hidden = layer.input_layernorm(x)
-            by_head = (1, rows, -1, attn.head_dim)
-            query, key, value = (
-                proj(hidden).reshape(by_head).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
-            )  # [1, heads, rows, d]
-            query, key = apply_rotary_pos_emb(query, key, *rotary)
+            _, query, key, value = rotated_projections(layer, x, rotary)  # [1, heads, rows, d]
             out.queries[index].copy_(query[0, :, 0])
             assert stored.keys is not None and stored.values is not None
             stored.keys.index_copy_(2, slots, key.to(stored.keys.dtype))

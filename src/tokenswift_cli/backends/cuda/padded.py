@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotate_half
+from transformers.models.llama.modeling_llama import rotate_half
 
 from tokenswift_cli.backends.cuda import invariance
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
-from tokenswift_cli.backends.cuda.graphs import GRAPHS, StepGraphs
+from tokenswift_cli.backends.cuda.graphs import GRAPHS, StepGraphs, rotated_projections
 from tokenswift_cli.backends.lean import LeanBackend, Rotation, supports_lean
 from tokenswift_cli.backends.placement import execution_device
 from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, _PreallocatedCache
@@ -99,9 +99,10 @@ class PaddedBackend(LeanBackend):
         exact: bool,
     ) -> Forward:
         """Exact: pieces of `rows` rows; otherwise the lean fast path."""
-        if not exact and self.draft_graphs is not None and self.draft_graphs.covers(tokens.shape[0], cache, capture):
-            return self.draft_graphs.forward(tokens, positions[0], cache, torch.ones(1, 1, dtype=torch.bool), capture)
         if not exact:
+            graphs = self.draft_graphs
+            if graphs is not None and graphs.covers(tokens.shape[0], cache, capture):
+                return graphs.forward(tokens, positions[0], cache, torch.ones(1, 1, dtype=torch.bool), capture)
             return super().forward(tokens, positions, cache, block_mask=block_mask, capture=capture, exact=False)
         count = tokens.shape[0]
         if block_mask is None:
@@ -180,13 +181,7 @@ class PaddedBackend(LeanBackend):
     ) -> torch.Tensor:
         """One decoder layer over `rows` rows; attention over the real ones."""
         attn, rows = layer.self_attn, x.shape[1]
-        hidden = layer.input_layernorm(x)
-        shape = (1, rows, -1, attn.head_dim)
-        query, key, value = (
-            proj(hidden).reshape(shape).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
-        )  # [1, heads, rows, d]
-        raw_query = query
-        query, key = apply_rotary_pos_emb(query, key, *piece.rotary)
+        raw_query, query, key, value = rotated_projections(layer, x, piece.rotary)  # [1, heads, rows, d]
         if capture is not None and keep is not None:
             capture.queries[attn.layer_idx] = query[0, :, keep]
         # Pad rows write after the real ones: a later piece overwrites them, and no row sees them.
