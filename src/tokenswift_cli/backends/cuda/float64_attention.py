@@ -7,10 +7,11 @@ another order. Here every sum that could round is taken where its order no longe
 * a score is a dot product of bfloat16 (or float32) vectors summed in float64: each product is
   exact there, and so is their sum while the terms span under ~37 bits (so: any order, any kernel),
   then rounded once to float32;
-* the softmax's max is exact and its weights are elementwise, so equal scores give equal weights;
-* the sums of weights and of weights x values (float32 x bfloat16: exact products) run in float64,
-  where another order moves the result by ~1e-16 relative, under the rounding back to the model's
-  dtype (a flip needs the value within that distance of a rounding edge).
+* the softmax's weights are float64 exponentials of the float32 scores less their max, so a kernel
+  that takes the max by parts and rescales (`attention_kernel.py`) moves a weight by ~1e-16 relative;
+* the sums of weights and of weights x values run in float64, where another order moves the result
+  by ~1e-16 relative too: under the rounding back to the model's dtype (a flip needs the value within
+  that distance of a rounding edge: ~1e-13 a bfloat16 element, ~1e-8 a float32 one).
 
 So no row count, split size or key order is fixed here: the linear layers need that
 (`padded.py`), attention does not. The price is the float64 products and the widened cache.
@@ -66,7 +67,8 @@ def float64_attention(
         cache_visible = torch.ones(q_len, cache_keys.shape[2], dtype=torch.bool, device=query.device)
     visible = torch.cat([cache_visible, tree_visible], dim=1).repeat(group, 1)  # row r of each head: row r % q
     scores = scores.masked_fill(~visible, float("-inf"))
-    weights = torch.exp(scores - scores.amax(-1, keepdim=True)).double()  # float32 weights, held exactly
+    # Float64 weights of float32 scores: a kernel may take the max by parts (`attention_kernel.py`).
+    weights = torch.exp(scores.double() - scores.amax(-1, keepdim=True).double())
     total = weights.sum(-1, keepdim=True)
     held = cache_keys.shape[2]
     numerator = weights[..., :held] @ cache_values.double() + weights[..., held:] @ tree_values.double()

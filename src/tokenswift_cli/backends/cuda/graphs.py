@@ -90,7 +90,13 @@ class StepGraphs:
         self.tree_visible = torch.zeros(rows, rows, dtype=torch.bool, device=device)
         self.captured: dict[tuple[int, int], _Captured] = {}  # by (span, attending)
         self.buffers: list[weakref.ref[torch.Tensor]] = []  # the cache storage the graphs write into
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        # Graphs only when every layer, the final norm and the head compute on the backend's device.
+        places = {*backend.layer_devices, backend.output_device, backend.head_device}
+        self.on_one_device = places == {device}
+        self.pool = self.stream = None
+        if capture:
+            self.stream = torch.cuda.Stream(device)  # warm-up and capture on one stream
+            self.pool = torch.cuda.graph_pool_handle()
 
     def covers(self, count: int, cache: _PreallocatedCache, capture: QueryCapture | None) -> bool:
         """Whether this forward can replay a graph (else the padded backend runs it eagerly)."""
@@ -101,7 +107,7 @@ class StepGraphs:
             and first.keys is not None
             and first.stored + self.rows <= first.keys.shape[2]  # else the cache grows first (eagerly)
             and (capture is None or capture.row % count == 0)
-            and len(set(self.backend.layer_devices)) == 1
+            and self.on_one_device
         )
 
     def forward(
@@ -113,7 +119,7 @@ class StepGraphs:
         capacity = cache.layer_list[0].keys.shape[2]  # type: ignore[union-attr]
         span = min(math.ceil((stored + self.rows) / SPAN_STEP) * SPAN_STEP, capacity)
         if not self._writes_into(cache):  # a new or grown cache: the graphs write into the old one
-            self.captured.clear()
+            self._drop_graphs()
             self.buffers = [weakref.ref(layer.values) for layer in cache.layer_list]  # type: ignore[arg-type]
             for layer in cache.layer_list:  # a never-written NaN stays NaN under a mask (NaN - inf, 0 x NaN)
                 layer.keys[:, :, stored:].zero_()  # type: ignore[index]
@@ -141,6 +147,18 @@ class StepGraphs:
             held() is layer.values for held, layer in zip(self.buffers, cache.layer_list, strict=True)
         )
 
+    def _drop_graphs(self) -> None:
+        """Forget every graph; later captures take a fresh pool.
+
+        A pool lives while a graph holds it: capturing into the handle of one whose graphs are gone
+        trips `use_count > 0` in CUDACachingAllocator (seen on an H200; vLLM #28426).
+        """
+        had_graphs = any(c.graph is not None for c in self.captured.values())
+        self.captured.clear()
+        if had_graphs:
+            torch.cuda.synchronize(self.backend.device)
+            self.pool = torch.cuda.graph_pool_handle()
+
     def _capture(self, shape: tuple[int, int], cache: _PreallocatedCache) -> _Captured:
         backend, device = self.backend, self.backend.device
         attn = backend.decoder.layers[0].self_attn
@@ -153,15 +171,16 @@ class StepGraphs:
             torch.empty(len(backend.decoder.layers), heads, attn.head_dim, dtype=backend.dtype, device=device),
         )
         if self.capture:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                self._body(shape, cache, outputs)  # warm-up: handles, workspaces, kernel choice
-            torch.cuda.current_stream(device).wait_stream(side)
+            stream, current = self.stream, torch.cuda.current_stream(device)
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):
+                self._body(shape, cache, outputs)  # warm-up: handles, workspaces, kernel choice, Triton builds
+            stream.synchronize()
             outputs.graph = torch.cuda.CUDAGraph()
             local = "thread_local"  # another thread's CUDA work (a memory sampler, say) does not break the capture
-            with torch.cuda.graph(outputs.graph, pool=self.pool, capture_error_mode=local):
+            with torch.cuda.graph(outputs.graph, pool=self.pool, stream=stream, capture_error_mode=local):
                 self._body(shape, cache, outputs)
+            current.wait_stream(stream)
         self.captured[shape] = outputs
         return outputs
 

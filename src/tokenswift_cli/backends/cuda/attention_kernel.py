@@ -1,0 +1,211 @@
+"""`float64_attention` as two Triton kernels: the cache read as stored, every sum in float64 registers.
+
+The torch version widens the whole cache to float64 and launches ~25 kernels a layer. Here one kernel
+reads the keys and values in their own dtype, each program taking a split of the held keys (or the
+new tokens' block) for a block of packed query rows, and a second combines the splits. The rule is
+`float64_attention`'s: a score is the float64 sum of exact products rounded once to float32; weights
+and their sums are float64, so the split, the key order and the number of rows move a result by
+~1e-16 relative, under the rounding to the model's dtype. A row's bits therefore depend on its own
+query and the keys it sees, whatever attends beside it: plain decoding and a verified tree agree.
+
+How many keys the cache holds can be a device tensor, read by the kernels: a CUDA graph captured once
+replays at any length. On CPU tensors the kernels run in Triton's interpreter (the tests' route).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+if not torch.cuda.is_available():  # Triton can only interpret here; its own helpers must be interpreted too
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+try:  # optional: without it the padded backend attends through the torch version
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = tl = None
+
+ROW_BLOCKS = (4, 16)  # packed query rows a program takes: 4 for a plain step's heads, 16 beyond
+KEY_BLOCK = 16  # keys per iteration of a program (its [rows, keys, head_dim] product sits in registers)
+TARGET_PROGRAMS = 264  # two waves on a 132-SM Hopper: how many programs the splits aim at
+MIN_SPLIT_KEYS = 256  # no split of the cache under this many keys of capacity
+
+
+def available() -> bool:
+    """Whether Triton is installed (it runs these kernels on CUDA, and interprets them on a CPU)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def _split_kernel(  # type: ignore[no-untyped-def]
+    q_ptr, sink_q_ptr, k_ptr, v_ptr, held_ptr, tree_vis_ptr, cache_vis_ptr, tree_sinks_ptr,
+    m_ptr, l_ptr, acc_ptr,
+    scaling, q_rows, group, tree_len, cache_sinks,
+    s_qh, s_qr, s_kh, s_kn, s_vh, s_vn, s_tv, s_cv,
+    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_CACHE_MASK: tl.constexpr,
+):  # fmt: skip
+    """One (row block, split, kv head): running max, weight sum and weighted values of its keys."""
+    block, split, kv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    packed = block * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row = head-in-group * q_rows + row
+    live = packed < group * q_rows
+    head = kv * group + packed // q_rows
+    row = packed % q_rows
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q_at = head[:, None] * s_qh + row[:, None] * s_qr + d[None, :]
+    q = tl.load(q_ptr + q_at, mask=live[:, None] & d_ok[None, :], other=0.0).to(tl.float64)
+    if HAS_SINKS:
+        sink_q = tl.load(sink_q_ptr + q_at, mask=live[:, None] & d_ok[None, :], other=0.0).to(tl.float64)
+    held = tl.load(held_ptr)
+    if split < SPLITS:  # a split of the held keys, sized from how many there are now
+        per = ((held + SPLITS - 1) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        begin = split * per
+        end = tl.minimum(begin + per, held)
+    else:  # the new tokens' block
+        begin = held
+        end = held + tree_len
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK_M,), tl.float64)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float64)
+    start = begin
+    while start < end:  # (not `range`: Triton's interpreter cannot take a tensor bound under numpy 2.4)
+        keys = start + tl.arange(0, BLOCK_N)
+        k_ok = keys < end
+        kd_ok = k_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + kv * s_kh + keys[:, None] * s_kn + d[None, :], mask=kd_ok, other=0.0).to(tl.float64)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2).to(tl.float32) * scaling  # [rows, keys]
+        column = keys - held  # a key's column in the new tokens' block
+        in_tree = k_ok & (column >= 0)
+        if HAS_SINKS:
+            sink_scores = tl.sum(sink_q[:, None, :] * k[None, :, :], axis=2).to(tl.float32) * scaling
+            tree_sink = tl.load(tree_sinks_ptr + column, mask=in_tree, other=0) != 0
+            is_sink = tl.where(in_tree, tree_sink, keys < cache_sinks)
+            scores = tl.where(is_sink[None, :], sink_scores, scores)
+        seen_tree = tl.load(
+            tree_vis_ptr + row[:, None] * s_tv + column[None, :], mask=live[:, None] & in_tree[None, :], other=0
+        ) != 0  # fmt: skip
+        seen_cache = k_ok[None, :] & live[:, None]
+        if HAS_CACHE_MASK:
+            seen_cache = tl.load(
+                cache_vis_ptr + row[:, None] * s_cv + keys[None, :], mask=seen_cache & ~in_tree[None, :], other=0
+            ) != 0  # fmt: skip
+        visible = tl.where(in_tree[None, :], seen_tree, seen_cache)
+        scores = tl.where(visible, scores, float("-inf"))
+        new_m = tl.maximum(m, tl.max(scores, 1))
+        base = tl.where(new_m == float("-inf"), 0.0, new_m).to(tl.float64)  # rows that saw nothing yet
+        rescale = tl.exp(m.to(tl.float64) - base)
+        weights = tl.exp(scores.to(tl.float64) - base[:, None])  # exactly 0 where not visible
+        v = tl.load(v_ptr + kv * s_vh + keys[:, None] * s_vn + d[None, :], mask=kd_ok, other=0.0).to(tl.float64)
+        total = total * rescale + tl.sum(weights, 1)
+        acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
+        m = new_m
+        start += BLOCK_N
+    at = (kv * (SPLITS + 1) + split) * (tl.num_programs(0) * BLOCK_M) + packed
+    tl.store(m_ptr + at, m)
+    tl.store(l_ptr + at, total)
+    tl.store(acc_ptr + at[:, None] * BLOCK_D + d[None, :], acc)
+
+
+def _combine_kernel(  # type: ignore[no-untyped-def]
+    m_ptr, l_ptr, acc_ptr, out_ptr, q_rows, group, s_or,
+    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, OUT_IS_BF16: tl.constexpr,
+):  # fmt: skip
+    """One (row block, kv head): the splits' partial sums brought to one max, divided, rounded once."""
+    block, kv = tl.program_id(0), tl.program_id(1)
+    packed = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = packed < group * q_rows
+    head = kv * group + packed // q_rows
+    row = packed % q_rows
+    d = tl.arange(0, BLOCK_D)
+    padded_rows = tl.num_programs(0) * BLOCK_M
+    top = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    for split in range(SPLITS + 1):
+        top = tl.maximum(top, tl.load(m_ptr + (kv * (SPLITS + 1) + split) * padded_rows + packed))
+    base = tl.where(top == float("-inf"), 0.0, top).to(tl.float64)
+    total = tl.zeros((BLOCK_M,), tl.float64)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float64)
+    for split in range(SPLITS + 1):
+        at = (kv * (SPLITS + 1) + split) * padded_rows + packed
+        factor = tl.exp(tl.load(m_ptr + at).to(tl.float64) - base)
+        total += tl.load(l_ptr + at) * factor
+        acc += tl.load(acc_ptr + at[:, None] * BLOCK_D + d[None, :]) * factor[:, None]
+    total = tl.where(live, total, 1.0)  # pad rows saw nothing (and are not stored)
+    out = (acc / total[:, None]).to(tl.float32)  # float64 -> float32 -> dtype, as torch's `.to` rounds
+    if OUT_IS_BF16:  # to nearest even by hand: Triton's interpreter truncates this cast, CUDA rounds it
+        bits = out.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = out.to(out_ptr.dtype.element_ty)
+    ok = live[:, None] & (d < HEAD_DIM)[None, :]
+    tl.store(out_ptr + row[:, None] * s_or + head[:, None] * HEAD_DIM + d[None, :], out, mask=ok)
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The two kernels: compiled for CUDA, or interpreted where there is none (`TRITON_INTERPRET`)."""
+    return triton.jit(_split_kernel), triton.jit(_combine_kernel)
+
+
+def splits_for(capacity: int, kv_heads: int, row_blocks: int) -> int:
+    """How many splits the held keys get: enough programs to fill the GPU, none under `MIN_SPLIT_KEYS` keys."""
+    by_size = max(1, capacity // MIN_SPLIT_KEYS)
+    return max(1, min(by_size, TARGET_PROGRAMS // max(1, kv_heads * row_blocks)))
+
+
+def kernel_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    held: torch.Tensor | int,
+    *,
+    tree_visible: torch.Tensor,
+    scaling: float,
+    cache_visible: torch.Tensor | None = None,
+    sink_query: torch.Tensor | None = None,
+    cache_sinks: int = 0,
+    tree_sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention `[1, q, heads * d]` of rotated queries `[1, heads, q, d]`, as `float64_attention` computes it.
+
+    `keys`/`values` `[1, kv, capacity, d]` are a cache's buffers: slots `[0, held)` are the held keys
+    (`held` an int or a 0-dim device tensor), the next `tree_visible.shape[1]` the new tokens' block.
+    `tree_visible` `[q, t]`, `cache_visible` `[q, >= held]` (None: all), sinks as in `float64_attention`.
+    """
+    _, heads, q_rows, head_dim = query.shape
+    kv, capacity = keys.shape[1], keys.shape[2]
+    group, device = heads // kv, query.device
+    block_m = ROW_BLOCKS[0] if group * q_rows <= ROW_BLOCKS[0] else ROW_BLOCKS[1]
+    row_blocks = -(-group * q_rows // block_m)
+    splits = splits_for(capacity, kv, row_blocks)
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    if not isinstance(held, torch.Tensor):
+        held = torch.tensor(held, dtype=torch.long, device=device)
+    query = query.contiguous()
+    sink_query = query if sink_query is None else sink_query.contiguous()
+    tree_visible = tree_visible.contiguous()
+    rows = kv * (splits + 1) * row_blocks * block_m
+    m = torch.empty(rows, dtype=torch.float32, device=device)
+    total = torch.empty(rows, dtype=torch.float64, device=device)
+    acc = torch.empty(rows, block_d, dtype=torch.float64, device=device)
+    out = torch.empty(1, q_rows, heads * head_dim, dtype=query.dtype, device=device)
+    split_kernel, combine_kernel = _kernels()
+    mask = cache_visible.contiguous() if cache_visible is not None else tree_visible
+    sinks = tree_sinks.contiguous() if tree_sinks is not None else tree_visible
+    assert keys.stride(3) == values.stride(3) == 1 and keys.stride(0) == keys.shape[1] * keys.stride(1)
+    split_kernel[(row_blocks, splits + 1, kv)](
+        query, sink_query, keys, values, held, tree_visible, mask, sinks, m, total, acc,
+        scaling, q_rows, group, tree_visible.shape[1], cache_sinks,
+        query.stride(1), query.stride(2), keys.stride(1), keys.stride(2), values.stride(1), values.stride(2),
+        tree_visible.stride(0), mask.stride(0),
+        SPLITS=splits, BLOCK_M=block_m, BLOCK_N=KEY_BLOCK, BLOCK_D=block_d, HEAD_DIM=head_dim,
+        HAS_SINKS=sink_query is not query, HAS_CACHE_MASK=cache_visible is not None,
+    )  # fmt: skip
+    combine_kernel[(row_blocks, kv)](
+        m, total, acc, out, q_rows, group, out.stride(1),
+        SPLITS=splits, BLOCK_M=block_m, BLOCK_D=block_d, HEAD_DIM=head_dim, OUT_IS_BF16=query.dtype == torch.bfloat16,
+    )  # fmt: skip
+    return out
