@@ -15,7 +15,6 @@ replays at any length. On CPU tensors the kernels run in Triton's interpreter (t
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 from typing import Any
 
@@ -36,8 +35,16 @@ MIN_SPLIT_KEYS = 256  # no split of the cache under this many keys of capacity
 
 
 def available() -> bool:
-    """Whether Triton is installed (it runs these kernels on CUDA, and interprets them on a CPU)."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether the kernels can run: Triton compiles them for CUDA, or interprets them where there is none.
+
+    Interpreting needs `TRITON_INTERPRET=1` before the first import of Triton (torch's compiler imports
+    it too), so that Triton's own helpers (`tl.sum`, ...) are interpreted as well.
+    """
+    if triton is None:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return torch.cuda.is_available() or isinstance(tl.sum, InterpretedFunction)
 
 
 def _split_kernel(  # type: ignore[no-untyped-def]
@@ -45,7 +52,8 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     m_ptr, l_ptr, acc_ptr,
     scaling, q_rows, group, tree_len, cache_sinks,
     s_qh, s_qr, s_kh, s_kn, s_vh, s_vn, s_tv, s_cv,
-    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_CACHE_MASK: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_CACHE_MASK: tl.constexpr,
 ):  # fmt: skip
     """One (row block, split, kv head): running max, weight sum and weighted values of its keys."""
     block, split, kv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -111,7 +119,8 @@ def _split_kernel(  # type: ignore[no-untyped-def]
 
 def _combine_kernel(  # type: ignore[no-untyped-def]
     m_ptr, l_ptr, acc_ptr, out_ptr, q_rows, group, s_or,
-    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, OUT_IS_BF16: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    OUT_IS_BF16: tl.constexpr,
 ):  # fmt: skip
     """One (row block, kv head): the splits' partial sums brought to one max, divided, rounded once."""
     block, kv = tl.program_id(0), tl.program_id(1)

@@ -29,6 +29,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from tokenswift_cli.backends.base import Backend
+from tokenswift_cli.backends.cuda.attention_kernel import kernel_attention
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
 from tokenswift_cli.model.cache import FullCache, PartialCache, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
@@ -118,6 +119,8 @@ class StepGraphs:
         count, stored = tokens.shape[0], cache.layer_list[0].stored
         capacity = cache.layer_list[0].keys.shape[2]  # type: ignore[union-attr]
         span = min(math.ceil((stored + self.rows) / SPAN_STEP) * SPAN_STEP, capacity)
+        if self.exact and self.backend.kernel_attention:  # the kernels read how many keys are held: one span
+            span = capacity
         if not self._writes_into(cache):  # a new or grown cache: the graphs write into the old one
             self._drop_graphs()
             self.buffers = [weakref.ref(layer.values) for layer in cache.layer_list]  # type: ignore[arg-type]
@@ -203,7 +206,12 @@ class StepGraphs:
             stored.keys.index_copy_(2, slots, key.to(stored.keys.dtype))
             stored.values.index_copy_(2, slots, value.to(stored.values.dtype))
             keys, values = stored.keys[:, :, :span], stored.values[:, :, :span]
-            if self.exact:
+            if self.exact and backend.kernel_attention:
+                attended = kernel_attention(
+                    query[:, :, :attending], stored.keys, stored.values, self.stored,
+                    tree_visible=self.tree_visible[:attending], scaling=attn.scaling,
+                )  # fmt: skip
+            elif self.exact:
                 attended = float64_attention(
                     query[:, :, :attending], keys, values, keys[:, :, :0], values[:, :, :0], tree_visible=nothing,
                     scaling=attn.scaling, cache_visible=seen,

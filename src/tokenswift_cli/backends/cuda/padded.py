@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import rotate_half
 
-from tokenswift_cli.backends.cuda import invariance
+from tokenswift_cli.backends.cuda import attention_kernel, invariance
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
 from tokenswift_cli.backends.cuda.graphs import GRAPHS, StepGraphs, rotated_projections
 from tokenswift_cli.backends.lean import LeanBackend, Rotation, supports_lean
@@ -35,6 +35,7 @@ from tokenswift_cli.model.forward import Forward, QueryCapture
 ROWS = 64  # rows of every exact forward: a 40-node tree and its n-gram paths fit one piece
 LOGIT_ROWS = 16  # rows of every output-head product (the acceptance walk asks for at most this many)
 FORCE = "TOKENSWIFT_PADDED"  # "1": take this backend on any device (tests, benchmarks on a CPU)
+ATTENTION = "TOKENSWIFT_ATTENTION"  # "kernel" (default on CUDA with Triton) or "torch": who computes the float64 rule
 
 
 def applies(model: PreTrainedModel) -> bool:
@@ -77,6 +78,8 @@ class PaddedBackend(LeanBackend):
         super().__init__(model)
         invariance.configure(self.device)
         self.rows = rows
+        default = "kernel" if self.device.type == "cuda" and attention_kernel.available() else "torch"
+        self.kernel_attention = os.environ.get(ATTENTION, default) == "kernel"  # the same bits either way
         mode = os.environ.get(GRAPHS, "1" if self.device.type == "cuda" else "0")
         rope_type = str(getattr(self.decoder.rotary_emb, "rope_type", "default"))
         if "dynamic" in rope_type or rope_type == "longrope":  # their tables change with the positions, on the host
@@ -196,12 +199,19 @@ class PaddedBackend(LeanBackend):
         if piece.sink_rotation is not None:
             cos, sin = piece.sink_rotation
             sink_query = (raw_query * cos[:, None] + rotate_half(raw_query) * sin[:, None])[:, :, real]
-        out = float64_attention(
-            query[:, :, real], cache.keys[:, :, : piece.stored], cache.values[:, :, : piece.stored],
-            cache.keys[:, :, piece.stored : new_end], cache.values[:, :, piece.stored : new_end],
-            tree_visible=piece.tree_visible, scaling=attn.scaling, cache_visible=piece.cache_visible,
-            sink_query=sink_query, cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
-        )  # fmt: skip
+        if self.kernel_attention:  # the new tokens' keys follow the held ones in the buffers
+            out = attention_kernel.kernel_attention(
+                query[:, :, real], cache.keys, cache.values, piece.stored, tree_visible=piece.tree_visible,
+                scaling=attn.scaling, cache_visible=piece.cache_visible, sink_query=sink_query,
+                cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
+            )  # fmt: skip
+        else:
+            out = float64_attention(
+                query[:, :, real], cache.keys[:, :, : piece.stored], cache.values[:, :, : piece.stored],
+                cache.keys[:, :, piece.stored : new_end], cache.values[:, :, piece.stored : new_end],
+                tree_visible=piece.tree_visible, scaling=attn.scaling, cache_visible=piece.cache_visible,
+                sink_query=sink_query, cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
+            )  # fmt: skip
         x = x + attn.o_proj(F.pad(out, (0, 0, 0, rows - piece.real)))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 

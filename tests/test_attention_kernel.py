@@ -1,0 +1,117 @@
+"""The Triton attention kernels (`backends/cuda/attention_kernel.py`) in Triton's interpreter on this CPU: the
+bits of `float64_attention` in bfloat16, float16 and float32, with the tree block, a cache mask, sinks and
+a held count read from a device tensor; and the padded backend through them keeps every row's bits and
+writes plain decoding's text. On a GPU the same checks run compiled (test_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+from padded_checks import SEEDED, WINDOW, chain_rows_differing, tokenswift_equals_plain, tree_rows_differing
+
+from tokenswift_cli.backends.cuda import attention_kernel
+from tokenswift_cli.backends.cuda.attention_kernel import kernel_attention, splits_for
+from tokenswift_cli.backends.cuda.float64_attention import float64_attention
+from tokenswift_cli.backends.cuda.graphs import GRAPHS
+from tokenswift_cli.backends.cuda.padded import ATTENTION, FORCE, PaddedBackend
+from tokenswift_cli.engine.tree import build_tree
+from tokenswift_cli.model.target import Target
+
+pytestmark = pytest.mark.skipif(not attention_kernel.available(), reason="needs triton (make install has it)")
+TREE = build_tree(5, [(1, 2, 3), (4, 5)], [(9, 9, 9)])  # 1 + 3 + 6 + 3 nodes
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _case(dtype: torch.dtype, *, heads: int, kv: int, dim: int, held: int, rows: int, seed: int):  # type: ignore[no-untyped-def]
+    generator = torch.Generator().manual_seed(seed)
+    capacity = held + rows + 37  # never-written slots past the block: the kernels must not read them
+
+    def draw(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * 2).to(dtype)
+
+    keys, values = draw(1, kv, capacity, dim), draw(1, kv, capacity, dim)
+    keys[:, :, held + rows :] = float("nan")
+    values[:, :, held + rows :] = float("nan")
+    return draw(1, heads, rows, dim), draw(1, heads, rows, dim), keys, values
+
+
+def _reference(query, keys, values, held, rows, **options):  # type: ignore[no-untyped-def]
+    cache_k, cache_v = keys[:, :, :held], values[:, :, :held]
+    tree_k, tree_v = keys[:, :, held : held + rows], values[:, :, held : held + rows]
+    return float64_attention(query, cache_k, cache_v, tree_k, tree_v, **options)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv", "dim"), [(4, 4, 16), (6, 2, 32), (9, 3, 24)], ids=["mha", "gqa", "dim24"])
+def test_the_kernels_give_float64_attentions_bits(dtype: torch.dtype, heads: int, kv: int, dim: int) -> None:
+    held, rows = 300, TREE.size
+    query, _, keys, values = _case(dtype, heads=heads, kv=kv, dim=dim, held=held, rows=rows, seed=heads + dim)
+    expected = _reference(query, keys, values, held, rows, tree_visible=TREE.mask, scaling=0.3)
+    got = kernel_attention(query, keys, values, torch.tensor(held), tree_visible=TREE.mask, scaling=0.3)
+    assert got.dtype == dtype and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_cache_mask_and_sinks_as_under_a_context_window(dtype: torch.dtype) -> None:
+    held, rows = 200, TREE.size
+    query, sink_query, keys, values = _case(dtype, heads=6, kv=2, dim=16, held=held, rows=rows, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    cache_visible = torch.rand(rows, held, generator=generator) < 0.6
+    cache_visible[:, :4] = True
+    options = dict(
+        tree_visible=TREE.mask, scaling=0.25, cache_visible=cache_visible, sink_query=sink_query, cache_sinks=4,
+        tree_sinks=torch.arange(rows) < 2,
+    )  # fmt: skip
+    expected = _reference(query, keys, values, held, rows, **options)
+    assert torch.equal(kernel_attention(query, keys, values, held, **options), expected)  # type: ignore[arg-type]
+
+
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    held, rows = 530, 40
+    query, _, keys, values = _case(torch.bfloat16, heads=8, kv=2, dim=16, held=held, rows=rows, seed=5)
+    causal = torch.ones(rows, rows, dtype=torch.bool).tril()
+    together = kernel_attention(query, keys, values, held, tree_visible=causal, scaling=0.2)
+    for row in (0, 17, 39):  # the same row alone, its own keys visible to it as a one-row forward sees them
+        alone = kernel_attention(
+            query[:, :, row : row + 1], keys, values, held, tree_visible=causal[row : row + 1], scaling=0.2
+        )
+        assert torch.equal(alone[0, 0], together[0, row])
+    for splits in (1, 3, 7):  # another split of the held keys: the same bits
+        monkeypatch.setattr(attention_kernel, "splits_for", lambda *_, n=splits: n)
+        assert torch.equal(kernel_attention(query, keys, values, held, tree_visible=causal, scaling=0.2), together)
+
+
+def test_splits_fill_the_gpu_without_splitting_short_caches() -> None:
+    assert splits_for(100, kv_heads=8, row_blocks=1) == 1
+    assert splits_for(1 << 17, kv_heads=8, row_blocks=1) == attention_kernel.TARGET_PROGRAMS // 8
+    assert splits_for(1 << 17, kv_heads=8, row_blocks=16) == 2
+
+
+@pytest.fixture
+def through_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FORCE, "1")
+    monkeypatch.setenv(ATTENTION, "kernel")
+
+
+def kernel_target(family: str) -> Target:
+    target = Target(tiny_model(family).to(torch.bfloat16))
+    assert isinstance(target.backend, PaddedBackend) and target.backend.kernel_attention
+    return target
+
+
+@pytest.mark.usefixtures("through_the_kernels")
+@pytest.mark.parametrize("mode", ["0", "body"], ids=["eager", "graph-body"])
+def test_the_padded_backend_through_the_kernels_keeps_each_rows_bits(mode: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(GRAPHS, mode)
+    target = kernel_target("llama-gqa")
+    assert chain_rows_differing(target, 12, prompt_length=30) == []
+    assert tree_rows_differing(target, TREE, prompt_length=30) == []
+
+
+@pytest.mark.usefixtures("through_the_kernels")
+@pytest.mark.parametrize("window", [None, WINDOW], ids=["full", "window"])
+def test_tokenswift_through_the_kernels_equals_plain(window, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(GRAPHS, "body")
+    divergence, iterations, tokens = tokenswift_equals_plain(kernel_target("qwen2"), SEEDED, window=window, tokens=40)
+    assert divergence is None and iterations < tokens
