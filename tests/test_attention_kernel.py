@@ -59,10 +59,10 @@ def test_a_cache_mask_and_sinks_as_under_a_context_window(dtype: torch.dtype) ->
     generator = torch.Generator().manual_seed(2)
     cache_visible = torch.rand(rows, held, generator=generator) < 0.6
     cache_visible[:, :4] = True
-    options = dict(
-        tree_visible=TREE.mask, scaling=0.25, cache_visible=cache_visible, sink_query=sink_query, cache_sinks=4,
-        tree_sinks=torch.arange(rows) < 2,
-    )  # fmt: skip
+    options = {
+        "tree_visible": TREE.mask, "scaling": 0.25, "cache_visible": cache_visible, "sink_query": sink_query,
+        "cache_sinks": 4, "tree_sinks": torch.arange(rows) < 2,
+    }  # fmt: skip
     expected = _reference(query, keys, values, held, rows, **options)
     assert torch.equal(kernel_attention(query, keys, values, held, **options), expected)  # type: ignore[arg-type]
 
