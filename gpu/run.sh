@@ -40,8 +40,14 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; } >"$
   tail -n 3 "$OUT/env.txt" | tee -a "$summary"
   tests=(tests/test_gpu.py -k "not embedded")
   [ "$dry" = --dry-run ] && tests=(tests/test_padded_backend.py)
-  run 200 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
-  run 150 shapes.log "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --out "$OUT/shapes.json"
+  attention=()
+  [ "$dry" = --dry-run ] && attention=(--dry-run)
+  run 80 attention.log "$PY" benchmarks/gpu_attention.py "${attention[@]}" --out "$OUT/attention.json"
+  run 170 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
+  for context in 2048 65536; do  # apart: a context that runs past its cap keeps the other's results
+    run 70 "shapes-$context.log" "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --shapes llama-3.1-8b \
+      --contexts "$context" --out "$OUT/shapes-$context.json"
+  done
 elif [ "$mode" = stage2 ]; then
   cp .gpu/part2/* "$stage"/ || { note "no .gpu/part2 carried"; exit 1; }
   name=$(cat "$stage/name")
@@ -53,11 +59,11 @@ elif [ "$mode" = stage2 ]; then
     bench=(--quick --device cpu --lengths 64 --length-context 64 --contexts "" --sampling greedy)
   else
     export TOKENSWIFT_GPU_EMBEDDED_TOKENS=600  # 2,000 ran past 120 s without CUDA graphs (session 18)
-    run 130 embedded-tests.log "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k embedded -rs
+    run 100 embedded-tests.log "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k embedded -rs
     bench=(--device cuda --dtype bfloat16 --weights dense --lengths 1k --length-context 2k --contexts ""
       --sampling greedy --methods plain,tokenswift,generate)
   fi
-  run 110 bench.log "$PY" -m tokenswift_cli bench "${bench[@]}" --out "$OUT" --name bench
+  run 100 bench.log "$PY" -m tokenswift_cli bench "${bench[@]}" --out "$OUT" --name bench
   # apart: a failing compile must not cost the case above
   [ "$dry" = --dry-run ] || run 90 bench-compiled.log "$PY" -m tokenswift_cli bench "${bench[@]::${#bench[@]}-2}" \
     --methods plain,generate_compiled --out "$OUT" --name bench-compiled
@@ -67,4 +73,7 @@ else
   exit 2
 fi
 note "done: $mode ${dry:-on $device}"
+# at most 8 files come back: the logs and results in one archive, the summary beside it
+(cd "$OUT" && tar czf "results-$mode.tgz" --exclude "results-*.tgz" --exclude "summary-*" -- * && \
+  find . -maxdepth 1 -type f ! -name "results-*.tgz" ! -name "summary-*" -delete)
 cat "$summary"

@@ -84,9 +84,35 @@ def test_cuda_graphs_write_the_eager_text(sampling: SamplingConfig, monkeypatch:
         target = on_cuda(tiny_model("llama-gqa"), torch.bfloat16)
         texts[mode] = generate_tokens(target, None, prompt, cfg)[0]
     graphs = target.backend.graphs
-    assert graphs is not None and len(graphs.captured) == 2
+    assert graphs is not None and len(graphs.captured) == (1 if target.backend.kernel_attention else 2)
     assert all(captured.graph is not None for captured in graphs.captured.values())
     assert first_divergence(texts["1"], texts["0"]) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_attention_kernels_give_float64_attentions_bits(dtype: torch.dtype) -> None:
+    """Compiled for this GPU: the bits of the torch version, a row's bits alone and among 64, 8B-shaped heads."""
+    from tokenswift_cli.backends.cuda.attention_kernel import agrees, kernel_attention
+    from tokenswift_cli.backends.cuda.float64_attention import float64_attention
+
+    assert agrees(torch.device("cuda"), dtype) is None
+    held, rows, generator = 5000, 64, torch.Generator().manual_seed(1)
+    query, keys, values = (torch.randn(*shape, generator=generator).to("cuda", dtype) for shape in (
+        (1, 32, rows, 128), (1, 8, held + rows + 100, 128), (1, 8, held + rows + 100, 128)))  # fmt: skip
+    mask = TREE.mask.cuda()
+    visible = torch.eye(rows, dtype=torch.bool, device="cuda")
+    visible[: TREE.size, : TREE.size] = mask
+    together = kernel_attention(query, keys, values, torch.tensor(held, device="cuda"), tree_visible=visible,
+                                scaling=0.088)  # fmt: skip
+    expected = float64_attention(
+        query, keys[:, :, :held], values[:, :, :held], keys[:, :, held : held + rows],
+        values[:, :, held : held + rows], tree_visible=visible, scaling=0.088,
+    )  # fmt: skip
+    assert torch.equal(together, expected)
+    for row in (0, 5, 26):
+        alone = kernel_attention(query[:, :, row : row + 1], keys, values, held, tree_visible=visible[row : row + 1],
+                                 scaling=0.088)  # fmt: skip
+        assert torch.equal(alone[0, 0], together[0, row])
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])

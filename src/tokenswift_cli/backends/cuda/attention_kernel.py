@@ -159,6 +159,32 @@ def _kernels() -> tuple[Any, Any]:
     return triton.jit(_split_kernel), triton.jit(_combine_kernel)
 
 
+@functools.cache
+def agrees(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None if the kernels give `float64_attention`'s bits on `device` in `dtype` (a small random case), else why not.
+
+    Checked once per process before the padded backend relies on them: a Triton that cannot build
+    them, or builds them otherwise, sends attention back to the torch version.
+    """
+    from tokenswift_cli.backends.cuda.float64_attention import float64_attention
+
+    generator = torch.Generator().manual_seed(0)
+    held, rows = 300, 9
+    query, keys, values = (torch.randn(*shape, generator=generator).to(device, dtype) for shape in (
+        (1, 6, rows, 64), (1, 2, held + rows, 64), (1, 2, held + rows, 64)))  # fmt: skip
+    visible = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
+    try:
+        got = kernel_attention(query, keys, values, held, tree_visible=visible, scaling=0.125)
+    except Exception as error:  # noqa: BLE001 (any failure to build or run: the torch version serves)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    cache_k, cache_v = keys[:, :, :held], values[:, :, :held]
+    expected = float64_attention(
+        query, cache_k, cache_v, keys[:, :, held:], values[:, :, held:], tree_visible=visible, scaling=0.125
+    )
+    differing = int((got != expected).sum())
+    return None if differing == 0 else f"{differing} of {got.numel()} values differ from float64_attention"
+
+
 def splits_for(capacity: int, kv_heads: int, row_blocks: int) -> int:
     """How many splits the held keys get: enough programs to fill the GPU, none under `MIN_SPLIT_KEYS` keys."""
     by_size = max(1, capacity // MIN_SPLIT_KEYS)

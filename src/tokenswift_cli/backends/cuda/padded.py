@@ -17,6 +17,7 @@ tables and each layer's keys/values follow the layer.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,11 @@ class PaddedBackend(LeanBackend):
         self.rows = rows
         default = "kernel" if self.device.type == "cuda" and attention_kernel.available() else "torch"
         self.kernel_attention = os.environ.get(ATTENTION, default) == "kernel"  # the same bits either way
+        if self.kernel_attention and self.device.type == "cuda":
+            problem = attention_kernel.agrees(self.device, self.dtype)
+            if problem is not None:
+                warnings.warn(f"attention through torch: the Triton kernels are unusable ({problem})", stacklevel=2)
+                self.kernel_attention = False
         mode = os.environ.get(GRAPHS, "1" if self.device.type == "cuda" else "0")
         rope_type = str(getattr(self.decoder.rotary_emb, "rope_type", "default"))
         if "dynamic" in rope_type or rope_type == "longrope":  # their tables change with the positions, on the host

@@ -1,0 +1,145 @@
+"""Kernels per layer of the padded backend's exact forward, and host synchronisations per engine iteration.
+
+Counts the ATen compute ops the graph body dispatches (each is a kernel in a CUDA graph's replay; views
+and metadata ops launch nothing) plus the Triton attention launches, for a plain step and a 64-node
+verification, with the attention computed by torch (`float64_attention`) and by the Triton kernels. Runs
+the body uncaptured, so it counts the same on a CPU (Triton interpreted) as on a GPU.
+
+    TOKENSWIFT_PADDED=1 python benchmarks/step_ops.py --out benchmarks/results/step_ops-cpu.json
+    python benchmarks/step_ops.py --device cuda --out $OUT/step_ops.json        # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports Triton
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from tokenswift_cli.backends.cuda import attention_kernel, graphs, padded
+from tokenswift_cli.config import RunConfig
+from tokenswift_cli.engine.state import prefill
+from tokenswift_cli.engine.tree import build_tree
+from tokenswift_cli.model.target import Target
+
+FREE = {  # ops that launch no kernel: views, metadata, aliasing
+    "view", "_unsafe_view", "reshape", "transpose", "t", "expand", "slice", "select", "unsqueeze", "squeeze",
+    "as_strided", "detach", "alias", "permute", "split", "split_with_sizes", "narrow", "lift_fresh", "empty",
+    "empty_strided", "unbind", "_reshape_alias", "is_same_size", "sym_size", "sym_stride", "sym_numel", "dim",
+}  # fmt: skip
+SYNCS = {"_local_scalar_dense", "nonzero", "item"}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts dispatched ATen ops by name; `kernels` leaves out the ones that launch nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+        self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.overloadpacket.__name__.rstrip("_")
+        self.ops[name] += 1
+        if name in SYNCS:
+            self.syncs += 1
+        elif name in ("_to_copy", "copy") and any(
+            isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args
+        ) and kwargs and str(kwargs.get("device", "")) == "cpu":  # fmt: skip
+            self.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def kernels(self) -> int:
+        return sum(count for name, count in self.ops.items() if name not in FREE)
+
+
+def embedded_shaped(layers: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """SmolLM2-135M's shape (576 wide, 9 heads over 3 KV heads, head_dim 64), random weights."""
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def count(target: Target, state: Any, tokens: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor) -> dict:
+    launches = collections.Counter()
+    original = attention_kernel.kernel_attention
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        launches["triton"] += 2  # the split kernel and the combine kernel
+        return original(*args, **kwargs)
+
+    graphs.kernel_attention = padded.attention_kernel.kernel_attention = counted  # type: ignore[assignment]
+    try:
+        target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)  # warm: the body's buffers
+        with OpCounter() as counter:
+            target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)
+        launches.clear()
+        target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)
+    finally:
+        graphs.kernel_attention = padded.attention_kernel.kernel_attention = original  # type: ignore[assignment]
+    return {"aten_kernels": counter.kernels, "triton_kernels": launches["triton"], "ops": dict(counter.ops)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    os.environ[graphs.GRAPHS] = "body"  # the body a graph captures, run op by op
+    if device.type == "cpu":
+        os.environ[padded.FORCE] = "1"
+    tree = build_tree(7, [(1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11)])  # 1 + 4 + 16 + 48 nodes: 64 rows
+    rows: list[dict[str, Any]] = []
+    for attention in ("torch", "kernel"):
+        os.environ[padded.ATTENTION] = attention
+        for layers in (args.layers, 2 * args.layers):  # the difference is per layer, the rest per forward
+            target = Target(embedded_shaped(layers, device, torch.bfloat16))
+            assert target.backend.kernel_attention == (attention == "kernel")
+            state = prefill(target, list(range(1, 200)), RunConfig(max_new_tokens=8, prefill_chunk=256, mode="plain"))
+            for name, tokens, depths, mask in (
+                ("plain step", torch.tensor([state.root]), torch.zeros(1, dtype=torch.long), None),
+                ("verify 64", tree.tokens[:64], tree.depths[:64], tree.mask[:64, :64]),
+            ):
+                row = count(target, state, tokens, depths, mask)
+                rows.append({"attention": attention, "layers": layers, "forward": name, **row})
+    table = []
+    for attention in ("torch", "kernel"):
+        for name in ("plain step", "verify 64"):
+            few, many = (r for r in rows if r["attention"] == attention and r["forward"] == name)
+            total = lambda r: r["aten_kernels"] + r["triton_kernels"]  # noqa: E731
+            per_layer = (total(many) - total(few)) / (many["layers"] - few["layers"])
+            fixed = total(few) - per_layer * few["layers"]
+            table.append({"attention": attention, "forward": name, "kernels_per_layer": per_layer,
+                          "kernels_outside_layers": fixed})  # fmt: skip
+    print(f"{'attention':<10} {'forward':<12} {'kernels/layer':>14} {'outside layers':>15}")
+    for row in table:
+        print(f"{row['attention']:<10} {row['forward']:<12} {row['kernels_per_layer']:>14.1f} "
+              f"{row['kernels_outside_layers']:>15.1f}")  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    document = {"device": str(device), "torch": torch.__version__, "table": table, "rows": rows}
+    args.out.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
