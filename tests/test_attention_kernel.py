@@ -1,14 +1,16 @@
-"""The Triton attention kernels (`backends/cuda/attention_kernel.py`) in Triton's interpreter on this CPU: the
-bits of `float64_attention` in bfloat16, float16 and float32, with the tree block, a cache mask, sinks and
-a held count read from a device tensor; and the padded backend through them keeps every row's bits and
-writes plain decoding's text. On a GPU the same checks run compiled (test_gpu.py)."""
+"""The Triton kernels (`backends/cuda/attention_kernel.py`, `layer_kernels.py`) in Triton's interpreter on this
+CPU: the attention gives `float64_attention`'s bits in bfloat16, float16 and float32, with the tree block,
+a cache mask, sinks and a held count read from a device tensor; the fused norm, rotation and activation
+compute what the torch ops do, each row alone; and the padded backend through them keeps every row's
+bits and writes plain decoding's text. On a GPU the same checks run compiled (test_gpu.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import LOGIT_SCALE, tiny_config
 from padded_checks import SEEDED, WINDOW, chain_rows_differing, tokenswift_equals_plain, tree_rows_differing
+from transformers import AutoModelForCausalLM
 
 from tokenswift_cli.backends.cuda import attention_kernel
 from tokenswift_cli.backends.cuda.attention_kernel import kernel_attention, splits_for
@@ -99,8 +101,16 @@ def through_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def kernel_target(family: str) -> Target:
-    target = Target(tiny_model(family).to(torch.bfloat16))
+    """A tiny model with 32-wide heads (so the fused layer kernels apply too), in bfloat16, through the kernels."""
+    config = tiny_config(family)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0.0, LOGIT_SCALE)
+    target = Target(model.to(torch.bfloat16))
     assert isinstance(target.backend, PaddedBackend) and target.backend.kernel_attention
+    assert target.backend.fused_layers
     return target
 
 
@@ -118,3 +128,34 @@ def test_tokenswift_through_the_kernels_equals_plain(window, monkeypatch) -> Non
     monkeypatch.setenv(GRAPHS, "body")
     divergence, iterations, tokens = tokenswift_equals_plain(kernel_target("qwen2"), SEEDED, window=window, tokens=30)
     assert divergence is None and iterations < tokens
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_fused_layer_pieces_compute_the_torch_ops_row_by_row(dtype: torch.dtype) -> None:
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
+
+    from tokenswift_cli.backends.cuda import layer_kernels
+
+    torch.manual_seed(0)
+    config = tiny_config("llama-gqa")
+    norm, mlp = LlamaRMSNorm(64, eps=1e-5), LlamaMLP(config)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.2)
+    norm, mlp = norm.to(dtype), mlp.to(dtype)
+    x, delta = torch.randn(1, 10, 64).to(dtype), torch.randn(1, 10, 64).to(dtype)
+    tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype != torch.float32 else {"atol": 1e-5, "rtol": 1e-5}
+    normed, total = layer_kernels.rms_norm(norm, x, delta)
+    torch.testing.assert_close(total, x + delta, **tolerance)
+    torch.testing.assert_close(normed, norm(x + delta), **tolerance)
+    torch.testing.assert_close(layer_kernels.mlp(mlp, normed), mlp(normed), **tolerance)
+    heads, positions = torch.randn(1, 10, 2, 32).to(dtype), torch.arange(10)[:, None].float()
+    angles = torch.cat([positions * torch.linspace(0.01, 1, 16)] * 2, dim=-1)[None]
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    expected, _ = apply_rotary_pos_emb(heads.transpose(1, 2), heads.transpose(1, 2), cos, sin)
+    torch.testing.assert_close(layer_kernels.rotate(heads, cos, sin), expected, **tolerance)
+    for row in (0, 7):  # a row alone gets the bits it gets among ten
+        alone = layer_kernels.rms_norm(norm, x[:, row : row + 1], delta[:, row : row + 1])[0]
+        assert torch.equal(alone[0, 0], normed[0, row])
+        assert torch.equal(layer_kernels.rotate(heads[:, row : row + 1], cos[:, row : row + 1],
+                                                sin[:, row : row + 1])[0, :, 0], layer_kernels.rotate(
+            heads, cos, sin)[0, :, row])  # fmt: skip

@@ -29,6 +29,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from tokenswift_cli.backends.base import Backend
+from tokenswift_cli.backends.cuda import layer_kernels
 from tokenswift_cli.backends.cuda.attention_kernel import kernel_attention
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
 from tokenswift_cli.model.cache import FullCache, PartialCache, _PreallocatedCache
@@ -40,21 +41,34 @@ GRAPHS = "TOKENSWIFT_CUDA_GRAPHS"  # "0": none (every exact forward eager); "bod
 
 
 def rotated_projections(
-    layer: torch.nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
+    layer: torch.nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], *, fused: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer's (unrotated query, query, key, value) `[1, heads, rows, d]` of `x` `[1, rows, hidden]`.
 
     The padded backend's eager pieces and the graphs' body both take them from here: the same
-    products in the same order, so a row's bits agree between the two paths.
+    products in the same order, so a row's bits agree between the two paths. `fused`: the norm and
+    the rotation through `layer_kernels`.
     """
     attn = layer.self_attn
-    hidden = layer.input_layernorm(x)
+    hidden = layer_kernels.rms_norm(layer.input_layernorm, x)[0] if fused else layer.input_layernorm(x)
     by_head = (1, x.shape[1], -1, attn.head_dim)
-    raw_query, key, value = (
-        proj(hidden).reshape(by_head).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
-    )
+    raw_query, key, value = (proj(hidden).reshape(by_head) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if fused:
+        query, key = layer_kernels.rotate(raw_query, *rotary), layer_kernels.rotate(key, *rotary)
+        return raw_query.transpose(1, 2), query, key, value.transpose(1, 2)
+    raw_query, key, value = raw_query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     query, key = apply_rotary_pos_emb(raw_query, key, *rotary)
     return raw_query, query, key, value
+
+
+def layer_output(layer: torch.nn.Module, x: torch.Tensor, attended: torch.Tensor, *, fused: bool) -> torch.Tensor:
+    """The residual stream after a layer: `x` plus the attention's projection `attended` `[1, rows, heads * d]`,
+    plus the MLP of that (the eager pieces and the graphs' body alike)."""
+    if not fused:
+        x = x + layer.self_attn.o_proj(attended)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+    normed, x = layer_kernels.rms_norm(layer.post_attention_layernorm, x, layer.self_attn.o_proj(attended))
+    return x + layer_kernels.mlp(layer.mlp, normed)
 
 
 def fast_attention(
@@ -198,9 +212,10 @@ class StepGraphs:
         tree = self.tree_visible[:attending, relative.clamp(0, rows - 1)]
         seen = (relative < 0)[None] | (own[None] & tree)  # [attending, span]
         nothing = seen[:, :0]
+        fused = self.exact and backend.fused_layers
         for index, layer in enumerate(backend.decoder.layers):
             attn, stored = layer.self_attn, cache.layer_list[index]
-            _, query, key, value = rotated_projections(layer, x, rotary)  # [1, heads, rows, d]
+            _, query, key, value = rotated_projections(layer, x, rotary, fused=fused)  # [1, heads, rows, d]
             out.queries[index].copy_(query[0, :, 0])
             assert stored.keys is not None and stored.values is not None
             stored.keys.index_copy_(2, slots, key.to(stored.keys.dtype))
@@ -218,7 +233,6 @@ class StepGraphs:
                 )  # fmt: skip
             else:
                 attended = fast_attention(query[:, :, :attending], keys, values, seen, attn.scaling)
-            x = x + attn.o_proj(torch.nn.functional.pad(attended, (0, 0, 0, rows - attending)))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer_output(layer, x, torch.nn.functional.pad(attended, (0, 0, 0, rows - attending)), fused=fused)
         out.pre_norm.copy_(x[0])
         out.hidden.copy_(backend.decoder.norm(x)[0])

@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import rotate_half
 
-from tokenswift_cli.backends.cuda import attention_kernel, invariance
+from tokenswift_cli.backends.cuda import attention_kernel, invariance, layer_kernels
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
-from tokenswift_cli.backends.cuda.graphs import GRAPHS, StepGraphs, rotated_projections
+from tokenswift_cli.backends.cuda.graphs import GRAPHS, StepGraphs, layer_output, rotated_projections
 from tokenswift_cli.backends.lean import LeanBackend, Rotation, supports_lean
 from tokenswift_cli.backends.placement import execution_device
 from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, _PreallocatedCache
@@ -36,6 +36,7 @@ from tokenswift_cli.model.forward import Forward, QueryCapture
 ROWS = 64  # rows of every exact forward: a 40-node tree and its n-gram paths fit one piece
 LOGIT_ROWS = 16  # rows of every output-head product (the acceptance walk asks for at most this many)
 FORCE = "TOKENSWIFT_PADDED"  # "1": take this backend on any device (tests, benchmarks on a CPU)
+FUSED = "TOKENSWIFT_FUSED"  # "0": the layers' elementwise pieces as torch ops even where the kernels run
 ATTENTION = "TOKENSWIFT_ATTENTION"  # "kernel" (default on CUDA with Triton) or "torch": who computes the float64 rule
 
 
@@ -86,6 +87,12 @@ class PaddedBackend(LeanBackend):
             if problem is not None:
                 warnings.warn(f"attention through torch: the Triton kernels are unusable ({problem})", stacklevel=2)
                 self.kernel_attention = False
+        # The layers' norms, rotation and activation fused too, where the attention kernels run ("0": not).
+        self.fused_layers = (
+            self.kernel_attention
+            and os.environ.get(FUSED, "1") == "1"
+            and all(layer_kernels.applies(layer) for layer in self.decoder.layers)
+        )
         mode = os.environ.get(GRAPHS, "1" if self.device.type == "cuda" else "0")
         rope_type = str(getattr(self.decoder.rotary_emb, "rope_type", "default"))
         if "dynamic" in rope_type or rope_type == "longrope":  # their tables change with the positions, on the host
@@ -190,7 +197,7 @@ class PaddedBackend(LeanBackend):
     ) -> torch.Tensor:
         """One decoder layer over `rows` rows; attention over the real ones."""
         attn, rows = layer.self_attn, x.shape[1]
-        raw_query, query, key, value = rotated_projections(layer, x, piece.rotary)  # [1, heads, rows, d]
+        raw_query, query, key, value = rotated_projections(layer, x, piece.rotary, fused=self.fused_layers)
         if capture is not None and keep is not None:
             capture.queries[attn.layer_idx] = query[0, :, keep]
         # Pad rows write after the real ones: a later piece overwrites them, and no row sees them.
@@ -218,8 +225,7 @@ class PaddedBackend(LeanBackend):
                 tree_visible=piece.tree_visible, scaling=attn.scaling, cache_visible=piece.cache_visible,
                 sink_query=sink_query, cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
             )  # fmt: skip
-        x = x + attn.o_proj(F.pad(out, (0, 0, 0, rows - piece.real)))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return layer_output(layer, x, F.pad(out, (0, 0, 0, rows - piece.real)), fused=self.fused_layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head in products of exactly `LOGIT_ROWS` rows (a row's logits whatever the batch)."""

@@ -1,0 +1,151 @@
+"""Fused elementwise pieces of a decoder layer for the padded backend: fewer kernels per layer, same rule per row.
+
+A graph replay of the torch ops launches ~7 kernels per RMSNorm (casts, square, mean, rsqrt, products),
+~10 for the rotary embedding and 3 for the MLP's activation; here each is one Triton kernel, and the
+residual add rides with the norm after it. Each row is one program reducing in a fixed order, so a
+row's bits do not depend on the rows beside it (the padded backend's rule). The bits differ from the
+torch ops', so every exact forward takes these or none: the padded backend decides once, at load.
+On CPU tensors they run in Triton's interpreter (`TRITON_INTERPRET=1`), as the tests do.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from tokenswift_cli.backends.cuda import attention_kernel
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = tl = None
+
+NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"}  # weight * (x / rms(x)), in the input's dtype
+
+
+def _rounded(x, TO_BF16: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Float32 `x` in `dtype`, to nearest even (by hand for bfloat16: Triton's interpreter truncates that cast)."""
+    if TO_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+
+
+def _norm_kernel(  # type: ignore[no-untyped-def]
+    x_ptr, delta_ptr, weight_ptr, out_ptr, sum_ptr, width, eps,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, TO_BF16: tl.constexpr,
+):  # fmt: skip
+    """One row: (x + delta) stored as the new residual stream, then its RMSNorm times the weight."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < width
+    x = tl.load(x_ptr + row * width + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        x = x + tl.load(delta_ptr + row * width + cols, mask=ok, other=0.0).to(tl.float32)
+        rounded = _rounded(x, TO_BF16, sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * width + cols, rounded, mask=ok)
+        x = rounded.to(tl.float32)
+    scale = 1.0 / tl.sqrt(tl.sum(x * x, 0) / width + eps)
+    weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * width + cols, _rounded(x * scale * weight, TO_BF16, out_ptr.dtype.element_ty), mask=ok)
+
+
+def _rope_kernel(  # type: ignore[no-untyped-def]
+    x_ptr, cos_ptr, sin_ptr, out_ptr, heads, s_xr, s_xh, s_cr, s_or, s_oh,
+    HALF: tl.constexpr, TO_BF16: tl.constexpr,
+):  # fmt: skip
+    """One (row, head): x * cos + rotate_half(x) * sin, from `[rows, heads, d]` strides to the output's."""
+    row, head = tl.program_id(0), tl.program_id(1)
+    first = tl.arange(0, HALF)
+    at = x_ptr + row * s_xr + head * s_xh
+    low, high = tl.load(at + first).to(tl.float32), tl.load(at + HALF + first).to(tl.float32)
+    cos_low = tl.load(cos_ptr + row * s_cr + first).to(tl.float32)
+    cos_high = tl.load(cos_ptr + row * s_cr + HALF + first).to(tl.float32)
+    sin_low = tl.load(sin_ptr + row * s_cr + first).to(tl.float32)
+    sin_high = tl.load(sin_ptr + row * s_cr + HALF + first).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    out = out_ptr + row * s_or + head * s_oh
+    tl.store(out + first, _rounded(low * cos_low - high * sin_low, TO_BF16, dtype))
+    tl.store(out + HALF + first, _rounded(high * cos_high + low * sin_high, TO_BF16, dtype))
+
+
+def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, width, BLOCK: tl.constexpr, TO_BF16: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One block of a row: silu(gate) * up."""
+    row, block = tl.program_id(0), tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < width
+    gate = tl.load(gate_ptr + row * width + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + row * width + cols, mask=ok, other=0.0).to(tl.float32)
+    value = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * width + cols, _rounded(value, TO_BF16, out_ptr.dtype.element_ty), mask=ok)
+
+
+@functools.cache
+def _kernels() -> dict[str, Any]:
+    global _rounded
+    if not isinstance(_rounded, triton.runtime.jit.JITFunction | triton.runtime.interpreter.InterpretedFunction):
+        _rounded = triton.jit(_rounded)  # the kernels find the helper among their globals
+    return {"norm": triton.jit(_norm_kernel), "rope": triton.jit(_rope_kernel), "silu": triton.jit(_silu_mul_kernel)}
+
+
+def applies(layer: torch.nn.Module) -> bool:
+    """Whether the layer's norms are the RMSNorm these kernels compute and its MLP is gate/up/down with SiLU."""
+    mlp, head_dim = layer.mlp, layer.self_attn.head_dim
+    act = getattr(getattr(mlp, "config", None), "hidden_act", None)
+    return (
+        head_dim >= 32
+        and head_dim & (head_dim - 1) == 0  # halves of a power of two (Triton's ranges)
+        and type(layer.input_layernorm).__name__ in NORMS
+        and type(layer.post_attention_layernorm).__name__ in NORMS
+        and all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
+        and act in ("silu", "swish")
+    )
+
+
+def rms_norm(
+    norm: torch.nn.Module, x: torch.Tensor, delta: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm of `x + delta`, `x + delta`) for `x` `[1, rows, width]`; without `delta`, of `x` itself."""
+    width = x.shape[-1]
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    total = torch.empty_like(x) if delta is not None else x
+    _kernels()["norm"][(x.numel() // width,)](
+        x, delta.contiguous() if delta is not None else x, norm.weight, out, total, width,
+        float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))),
+        HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(width), TO_BF16=x.dtype == torch.bfloat16,
+    )  # fmt: skip
+    return out, total
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`[1, heads, rows, d]` rotated queries or keys of `x` `[1, rows, heads, d]`; cos/sin `[1, rows, d]`."""
+    _, rows, heads, dim = x.shape
+    out = torch.empty(1, heads, rows, dim, dtype=x.dtype, device=x.device)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    _kernels()["rope"][(rows, heads)](
+        x, cos, sin, out, heads, x.stride(1), x.stride(2), cos.stride(1), out.stride(2), out.stride(1),
+        HALF=dim // 2, TO_BF16=x.dtype == torch.bfloat16,
+    )  # fmt: skip
+    return out
+
+
+def mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)) with the activation and product in one kernel."""
+    gate, up = module.gate_proj(x), module.up_proj(x)
+    width = gate.shape[-1]
+    product = torch.empty_like(gate)
+    block = 1024
+    _kernels()["silu"][(gate.numel() // width, triton.cdiv(width, block))](
+        gate, up, product, width, BLOCK=block, TO_BF16=gate.dtype == torch.bfloat16
+    )
+    return module.down_proj(product)
+
+
+def available() -> bool:
+    """Where the attention kernels can run, these can."""
+    return attention_kernel.available()
