@@ -43,6 +43,10 @@ SHAPES: dict[str, Callable[[], Any]] = {
         vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
         num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, use_sliding_window=False,
     ),
+    "smollm2-135m": lambda: LlamaConfig(  # the embedded model's shape
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True,
+    ),
 }  # fmt: skip
 TINY = {
     "num_hidden_layers": 2,
@@ -96,7 +100,9 @@ def measure(shape: str, device: torch.device, contexts: list[int], *, dry: bool,
     model = build(shape, device, dry)
     target = Target(model)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    row: dict[str, Any] = {"shape": shape, "backend": type(target.backend).__name__, "weight_gb": weight_bytes / 1e9}
+    row: dict[str, Any] = {"shape": shape, "backend": type(target.backend).__name__, "weight_gb": weight_bytes / 1e9,
+                           "kernel_attention": target.backend.kernel_attention,
+                           "fused_layers": target.backend.fused_layers}  # fmt: skip
     row["floor_ms"] = weight_bytes / (bandwidth * 1e9) * 1000
     for context in contexts:
         row[f"ctx{context}"] = at_context(target, context, device, dry=dry, floor_ms=row["floor_ms"])

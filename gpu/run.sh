@@ -43,9 +43,15 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; } >"$
   attention=()
   [ "$dry" = --dry-run ] && attention=(--dry-run)
   run 80 attention.log "$PY" benchmarks/gpu_attention.py "${attention[@]}" --out "$OUT/attention.json"
-  run 170 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
+  run 150 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
+  for attention in torch kernel; do  # the embedded model's shape, before (torch ops) and after (the kernels)
+    export TOKENSWIFT_ATTENTION=$attention
+    run 40 "shapes-embedded-$attention.log" "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --shapes smollm2-135m \
+      --contexts 2048 --out "$OUT/shapes-embedded-$attention.json"
+  done
+  unset TOKENSWIFT_ATTENTION
   for context in 2048 65536; do  # apart: a context that runs past its cap keeps the other's results
-    run 70 "shapes-$context.log" "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --shapes llama-3.1-8b \
+    run 60 "shapes-$context.log" "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --shapes llama-3.1-8b \
       --contexts "$context" --out "$OUT/shapes-$context.json"
   done
 elif [ "$mode" = stage2 ]; then

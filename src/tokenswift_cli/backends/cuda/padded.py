@@ -81,7 +81,7 @@ class PaddedBackend(LeanBackend):
         invariance.configure(self.device)
         self.rows = rows
         default = "kernel" if self.device.type == "cuda" and attention_kernel.available() else "torch"
-        self.kernel_attention = os.environ.get(ATTENTION, default) == "kernel"  # the same bits either way
+        self.kernel_attention = os.environ.get(ATTENTION, default) == "kernel" and attention_kernel.available()
         if self.kernel_attention and self.device.type == "cuda":
             problem = attention_kernel.agrees(self.device, self.dtype)
             if problem is not None:
