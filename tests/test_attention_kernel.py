@@ -118,16 +118,19 @@ def kernel_target(family: str) -> Target:
 def test_the_padded_backend_through_the_kernels_keeps_each_rows_bits(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv(GRAPHS, "body")  # (the eager pieces: under the context window below)
     target = kernel_target("llama-gqa")
-    assert chain_rows_differing(target, 6, prompt_length=20) == []
-    assert tree_rows_differing(target, build_tree(5, [(1, 2), (4, 5)]), prompt_length=20) == []
+    assert chain_rows_differing(target, 4, prompt_length=12) == []
+    assert tree_rows_differing(target, build_tree(5, [(1, 2), (4,)]), prompt_length=12) == []
 
 
 @pytest.mark.usefixtures("through_the_kernels")
-@pytest.mark.parametrize("window", [None, WINDOW], ids=["full", "window"])
-def test_tokenswift_through_the_kernels_equals_plain(window, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_tokenswift_through_the_kernels_equals_plain(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The graph body, and (under a context window, sinks and all) the eager pieces: slow when interpreted,
+    so a short run each; the GPU tests run longer ones compiled."""
     monkeypatch.setenv(GRAPHS, "body")
-    divergence, iterations, tokens = tokenswift_equals_plain(kernel_target("qwen2"), SEEDED, window=window, tokens=30)
-    assert divergence is None and iterations < tokens
+    for window, tokens in ((None, 14), (WINDOW, 10)):
+        target = kernel_target("qwen2")
+        divergence, iterations, _ = tokenswift_equals_plain(target, SEEDED, window=window, tokens=tokens)
+        assert divergence is None and iterations < tokens
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

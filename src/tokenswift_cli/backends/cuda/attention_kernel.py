@@ -34,6 +34,11 @@ TARGET_PROGRAMS = 264  # two waves on a 132-SM Hopper: how many programs the spl
 MIN_SPLIT_KEYS = 256  # no split of the cache under this many keys of capacity
 
 
+def runs_on(device: torch.device) -> bool:
+    """Whether the kernels take tensors on `device`: CUDA compiled, or any tensors where Triton interprets."""
+    return available() and (device.type == "cuda" or not torch.cuda.is_available())
+
+
 def available() -> bool:
     """Whether the kernels can run: Triton compiles them for CUDA, or interprets them where there is none.
 

@@ -197,7 +197,9 @@ class PaddedBackend(LeanBackend):
     ) -> torch.Tensor:
         """One decoder layer over `rows` rows; attention over the real ones."""
         attn, rows = layer.self_attn, x.shape[1]
-        raw_query, query, key, value = rotated_projections(layer, x, piece.rotary, fused=self.fused_layers)
+        kernels = attention_kernel.runs_on(x.device)  # not for a layer computing on the CPU beside a GPU
+        fused = self.fused_layers and kernels
+        raw_query, query, key, value = rotated_projections(layer, x, piece.rotary, fused=fused)
         if capture is not None and keep is not None:
             capture.queries[attn.layer_idx] = query[0, :, keep]
         # Pad rows write after the real ones: a later piece overwrites them, and no row sees them.
@@ -212,7 +214,7 @@ class PaddedBackend(LeanBackend):
         if piece.sink_rotation is not None:
             cos, sin = piece.sink_rotation
             sink_query = (raw_query * cos[:, None] + rotate_half(raw_query) * sin[:, None])[:, :, real]
-        if self.kernel_attention:  # the new tokens' keys follow the held ones in the buffers
+        if self.kernel_attention and kernels:  # the new tokens' keys follow the held ones in the buffers
             out = attention_kernel.kernel_attention(
                 query[:, :, real], cache.keys, cache.values, piece.stored, tree_visible=piece.tree_visible,
                 scaling=attn.scaling, cache_visible=piece.cache_visible, sink_query=sink_query,
@@ -225,7 +227,7 @@ class PaddedBackend(LeanBackend):
                 tree_visible=piece.tree_visible, scaling=attn.scaling, cache_visible=piece.cache_visible,
                 sink_query=sink_query, cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
             )  # fmt: skip
-        return layer_output(layer, x, F.pad(out, (0, 0, 0, rows - piece.real)), fused=self.fused_layers)
+        return layer_output(layer, x, F.pad(out, (0, 0, 0, rows - piece.real)), fused=fused)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head in products of exactly `LOGIT_ROWS` rows (a row's logits whatever the batch)."""
