@@ -30,7 +30,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from tokenswift_cli.backends.base import Backend
 from tokenswift_cli.backends.cuda import layer_kernels
-from tokenswift_cli.backends.cuda.attention_kernel import kernel_attention
+from tokenswift_cli.backends.cuda.attention_kernel import KERNEL_ROWS, kernel_attention
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
 from tokenswift_cli.model.cache import FullCache, PartialCache, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
@@ -133,7 +133,8 @@ class StepGraphs:
         count, stored = tokens.shape[0], cache.layer_list[0].stored
         capacity = cache.layer_list[0].keys.shape[2]  # type: ignore[union-attr]
         span = min(math.ceil((stored + self.rows) / SPAN_STEP) * SPAN_STEP, capacity)
-        if self.exact and self.backend.kernel_attention:  # the kernels read how many keys are held: one span
+        attending = self._attending(count)
+        if self.kernel_attends(attending):  # the kernels read how many keys are held: one span
             span = capacity
         if not self._writes_into(cache):  # a new or grown cache: the graphs write into the old one
             self._drop_graphs()
@@ -148,7 +149,7 @@ class StepGraphs:
         visible = torch.eye(self.rows, dtype=torch.bool, device=tokens.device)  # a pad row sees itself: no NaN
         visible[:count, :count] = block_mask
         self.tree_visible.copy_(visible)
-        shape = (span, min(next((q for q in ATTENDING if q >= count), self.rows), self.rows))
+        shape = (span, attending)
         captured = self.captured.get(shape) or self._capture(shape, cache)
         if captured.graph is not None:
             captured.graph.replay()
@@ -157,6 +158,13 @@ class StepGraphs:
         if capture is not None:
             capture.queries.update({i: q.clone() for i, q in enumerate(captured.queries)})
         return Forward(pre_norm=captured.pre_norm[:count].clone(), hidden=captured.hidden[:count].clone())
+
+    def _attending(self, count: int) -> int:
+        return min(next((q for q in ATTENDING if q >= count), self.rows), self.rows)
+
+    def kernel_attends(self, attending: int) -> bool:
+        """Whether `attending` rows attend through the Triton kernels (few rows of an exact forward)."""
+        return self.exact and self.backend.kernel_attention and attending <= KERNEL_ROWS
 
     def _writes_into(self, cache: _PreallocatedCache) -> bool:
         """Whether the graphs were captured on this cache's buffers (by identity: an address can be reused)."""
@@ -221,7 +229,7 @@ class StepGraphs:
             stored.keys.index_copy_(2, slots, key.to(stored.keys.dtype))
             stored.values.index_copy_(2, slots, value.to(stored.values.dtype))
             keys, values = stored.keys[:, :, :span], stored.values[:, :, :span]
-            if self.exact and backend.kernel_attention:
+            if self.kernel_attends(attending):
                 attended = kernel_attention(
                     query[:, :, :attending], stored.keys, stored.values, self.stored,
                     tree_visible=self.tree_visible[:attending], scaling=attn.scaling,

@@ -80,7 +80,9 @@ class PaddedBackend(LeanBackend):
         super().__init__(model)
         invariance.configure(self.device)
         self.rows = rows
-        default = "kernel" if self.device.type == "cuda" and attention_kernel.available() else "torch"
+        # Float32 is left to the torch version: its products are not exact in float64, so the two could part.
+        low_precision = self.dtype in (torch.bfloat16, torch.float16)
+        default = "kernel" if self.device.type == "cuda" and low_precision else "torch"
         self.kernel_attention = os.environ.get(ATTENTION, default) == "kernel" and attention_kernel.available()
         if self.kernel_attention and self.device.type == "cuda":
             problem = attention_kernel.agrees(self.device, self.dtype)
@@ -89,7 +91,8 @@ class PaddedBackend(LeanBackend):
                 self.kernel_attention = False
         # The layers' norms, rotation and activation fused too, where the attention kernels run ("0": not).
         self.fused_layers = (
-            self.kernel_attention
+            attention_kernel.runs_on(self.device)
+            and (self.device.type == "cuda" or os.environ.get(ATTENTION) == "kernel")
             and os.environ.get(FUSED, "1") == "1"
             and all(layer_kernels.applies(layer) for layer in self.decoder.layers)
         )
@@ -214,7 +217,7 @@ class PaddedBackend(LeanBackend):
         if piece.sink_rotation is not None:
             cos, sin = piece.sink_rotation
             sink_query = (raw_query * cos[:, None] + rotate_half(raw_query) * sin[:, None])[:, :, real]
-        if self.kernel_attention and kernels:  # the new tokens' keys follow the held ones in the buffers
+        if self.kernel_attention and kernels and piece.real <= attention_kernel.KERNEL_ROWS:  # (same bits)
             out = attention_kernel.kernel_attention(
                 query[:, :, real], cache.keys, cache.values, piece.stored, tree_visible=piece.tree_visible,
                 scaling=attn.scaling, cache_visible=piece.cache_visible, sink_query=sink_query,
