@@ -44,18 +44,20 @@ def _reference(query, keys, values, held, rows, **options):  # type: ignore[no-u
     return float64_attention(query, cache_k, cache_v, tree_k, tree_v, **options)
 
 
+@pytest.mark.parametrize("dot", [False, True], ids=["registers", "dot"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("heads", "kv", "dim"), [(4, 4, 16), (6, 2, 32), (9, 3, 24)], ids=["mha", "gqa", "dim24"])
-def test_the_kernels_give_float64_attentions_bits(dtype: torch.dtype, heads: int, kv: int, dim: int) -> None:
+def test_the_kernels_give_float64_attentions_bits(dtype: torch.dtype, heads: int, kv: int, dim: int, dot: bool) -> None:
     held, rows = 300, TREE.size
     query, _, keys, values = _case(dtype, heads=heads, kv=kv, dim=dim, held=held, rows=rows, seed=heads + dim)
     expected = _reference(query, keys, values, held, rows, tree_visible=TREE.mask, scaling=0.3)
-    got = kernel_attention(query, keys, values, torch.tensor(held), tree_visible=TREE.mask, scaling=0.3)
+    got = kernel_attention(query, keys, values, torch.tensor(held), tree_visible=TREE.mask, scaling=0.3, dot=dot)
     assert got.dtype == dtype and torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("dot", [False, True], ids=["registers", "dot"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_cache_mask_and_sinks_as_under_a_context_window(dtype: torch.dtype) -> None:
+def test_a_cache_mask_and_sinks_as_under_a_context_window(dtype: torch.dtype, dot: bool) -> None:
     held, rows = 200, TREE.size
     query, sink_query, keys, values = _case(dtype, heads=6, kv=2, dim=16, held=held, rows=rows, seed=1)
     generator = torch.Generator().manual_seed(2)
@@ -66,7 +68,7 @@ def test_a_cache_mask_and_sinks_as_under_a_context_window(dtype: torch.dtype) ->
         "cache_sinks": 4, "tree_sinks": torch.arange(rows) < 2,
     }  # fmt: skip
     expected = _reference(query, keys, values, held, rows, **options)
-    assert torch.equal(kernel_attention(query, keys, values, held, **options), expected)  # type: ignore[arg-type]
+    assert torch.equal(kernel_attention(query, keys, values, held, dot=dot, **options), expected)  # type: ignore[arg-type]
 
 
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,8 +89,9 @@ def test_cuda_graphs_write_the_eager_text(sampling: SamplingConfig, monkeypatch:
     assert first_divergence(texts["1"], texts["0"]) is None
 
 
+@pytest.mark.parametrize("dot", [False, True], ids=["registers", "dot"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_attention_kernels_give_float64_attentions_bits(dtype: torch.dtype) -> None:
+def test_the_attention_kernels_give_float64_attentions_bits(dtype: torch.dtype, dot: bool) -> None:
     """Compiled for this GPU: the bits of the torch version, a row's bits alone and among 64, 8B-shaped heads."""
     from tokenswift_cli.backends.cuda.attention_kernel import agrees, kernel_attention
     from tokenswift_cli.backends.cuda.float64_attention import float64_attention
@@ -103,7 +104,7 @@ def test_the_attention_kernels_give_float64_attentions_bits(dtype: torch.dtype) 
     visible = torch.eye(rows, dtype=torch.bool, device="cuda")
     visible[: TREE.size, : TREE.size] = mask
     together = kernel_attention(query, keys, values, torch.tensor(held, device="cuda"), tree_visible=visible,
-                                scaling=0.088)  # fmt: skip
+                                scaling=0.088, dot=dot)  # fmt: skip
     expected = float64_attention(
         query, keys[:, :, :held], values[:, :, :held], keys[:, :, held : held + rows],
         values[:, :, held : held + rows], tree_visible=visible, scaling=0.088,
@@ -114,7 +115,7 @@ def test_the_attention_kernels_give_float64_attentions_bits(dtype: torch.dtype) 
         assert torch.equal(together, expected)
     for row in (0, 5, 26):
         alone = kernel_attention(query[:, :, row : row + 1], keys, values, held, tree_visible=visible[row : row + 1],
-                                 scaling=0.088)  # fmt: skip
+                                 scaling=0.088, dot=dot)  # fmt: skip
         assert torch.equal(alone[0, 0], together[0, row])
 
 

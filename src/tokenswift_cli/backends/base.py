@@ -34,6 +34,7 @@ class Backend(ABC):
     rounds_inputs = False  # 4-bit layers round their inputs to bfloat16 (so float32 verification runs exactly)
     q8_head: OutputHead | None = None  # the output head as Q8_0, read as int8
     kernel_attention = False  # exact attention through the Triton kernels (`cuda/attention_kernel.py`)
+    dot_attention = False  # ... and forwards of many rows too, on float64 tensor cores
     fused_layers = False  # exact forwards' norms, rotation and activation fused (`cuda/layer_kernels.py`)
 
     def __init__(self, model: PreTrainedModel) -> None:

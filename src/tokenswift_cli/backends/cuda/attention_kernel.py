@@ -33,6 +33,7 @@ KERNEL_ROWS = 4  # forwards of at most this many rows attend here; more through 
 # for 64 rows where the torch version took 0.13-1.5, and 0.1-1.3 ms for one row where it took 0.08-3.0.
 ROW_BLOCKS = (4, 16)  # packed query rows a program takes: 4 for a plain step's heads, 16 beyond
 KEY_BLOCK = 16  # keys per iteration of a program (its [rows, keys, head_dim] product sits in registers)
+DOT_BLOCKS, DOT_KEY_BLOCK = (16, 64), 32  # the same with `tl.dot` (its tiles are at least 16 wide)
 TARGET_PROGRAMS = 264  # two waves on a 132-SM Hopper: how many programs the splits aim at
 MIN_SPLIT_KEYS = 256  # no split of the cache under this many keys of capacity
 
@@ -61,7 +62,7 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     scaling, q_rows, group, tree_len, cache_sinks,
     s_qh, s_qr, s_kh, s_kn, s_vh, s_vn, s_tv, s_cv,
     SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_CACHE_MASK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_CACHE_MASK: tl.constexpr, USE_DOT: tl.constexpr,
 ):  # fmt: skip
     """One (row block, split, kv head): running max, weight sum and weighted values of its keys."""
     block, split, kv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -92,11 +93,17 @@ def _split_kernel(  # type: ignore[no-untyped-def]
         k_ok = keys < end
         kd_ok = k_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv * s_kh + keys[:, None] * s_kn + d[None, :], mask=kd_ok, other=0.0).to(tl.float64)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2).to(tl.float32) * scaling  # [rows, keys]
+        if USE_DOT:  # float64 tensor cores (DMMA on Hopper): exact products, float64 sums
+            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scaling  # [rows, keys]
+        else:
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2).to(tl.float32) * scaling
         column = keys - held  # a key's column in the new tokens' block
         in_tree = k_ok & (column >= 0)
         if HAS_SINKS:
-            sink_scores = tl.sum(sink_q[:, None, :] * k[None, :, :], axis=2).to(tl.float32) * scaling
+            if USE_DOT:
+                sink_scores = tl.dot(sink_q, tl.trans(k)).to(tl.float32) * scaling
+            else:
+                sink_scores = tl.sum(sink_q[:, None, :] * k[None, :, :], axis=2).to(tl.float32) * scaling
             tree_sink = tl.load(tree_sinks_ptr + column, mask=in_tree, other=0) != 0
             is_sink = tl.where(in_tree, tree_sink, keys < cache_sinks)
             scores = tl.where(is_sink[None, :], sink_scores, scores)
@@ -116,7 +123,10 @@ def _split_kernel(  # type: ignore[no-untyped-def]
         weights = tl.exp(scores.to(tl.float64) - base[:, None])  # exactly 0 where not visible
         v = tl.load(v_ptr + kv * s_vh + keys[:, None] * s_vn + d[None, :], mask=kd_ok, other=0.0).to(tl.float64)
         total = total * rescale + tl.sum(weights, 1)
-        acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
+        if USE_DOT:
+            acc = acc * rescale[:, None] + tl.dot(weights, v)
+        else:
+            acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
         m = new_m
         start += BLOCK_N
     at = (kv * (SPLITS + 1) + split) * (tl.num_programs(0) * BLOCK_M) + packed
@@ -211,17 +221,22 @@ def kernel_attention(
     sink_query: torch.Tensor | None = None,
     cache_sinks: int = 0,
     tree_sinks: torch.Tensor | None = None,
+    dot: bool = False,
 ) -> torch.Tensor:
     """Attention `[1, q, heads * d]` of rotated queries `[1, heads, q, d]`, as `float64_attention` computes it.
 
     `keys`/`values` `[1, kv, capacity, d]` are a cache's buffers: slots `[0, held)` are the held keys
     (`held` an int or a 0-dim device tensor), the next `tree_visible.shape[1]` the new tokens' block.
     `tree_visible` `[q, t]`, `cache_visible` `[q, >= held]` (None: all), sinks as in `float64_attention`.
+    `dot`: the products on float64 tensor cores (`tl.dot`) rather than in registers, for many rows.
     """
     _, heads, q_rows, head_dim = query.shape
     kv, capacity = keys.shape[1], keys.shape[2]
     group, device = heads // kv, query.device
-    block_m = ROW_BLOCKS[0] if group * q_rows <= ROW_BLOCKS[0] else ROW_BLOCKS[1]
+    if dot:
+        block_m = DOT_BLOCKS[0] if group * q_rows <= DOT_BLOCKS[0] else DOT_BLOCKS[1]
+    else:
+        block_m = ROW_BLOCKS[0] if group * q_rows <= ROW_BLOCKS[0] else ROW_BLOCKS[1]
     row_blocks = -(-group * q_rows // block_m)
     splits = splits_for(capacity, kv, row_blocks)
     block_d = max(16, 1 << (head_dim - 1).bit_length())
@@ -244,8 +259,8 @@ def kernel_attention(
         scaling, q_rows, group, tree_visible.shape[1], cache_sinks,
         query.stride(1), query.stride(2), keys.stride(1), keys.stride(2), values.stride(1), values.stride(2),
         tree_visible.stride(0), mask.stride(0),
-        SPLITS=splits, BLOCK_M=block_m, BLOCK_N=KEY_BLOCK, BLOCK_D=block_d, HEAD_DIM=head_dim,
-        HAS_SINKS=sink_query is not query, HAS_CACHE_MASK=cache_visible is not None,
+        SPLITS=splits, BLOCK_M=block_m, BLOCK_N=DOT_KEY_BLOCK if dot else KEY_BLOCK, BLOCK_D=block_d,
+        HEAD_DIM=head_dim, HAS_SINKS=sink_query is not query, HAS_CACHE_MASK=cache_visible is not None, USE_DOT=dot,
     )  # fmt: skip
     combine_kernel[(row_blocks, kv)](
         m, total, acc, out, q_rows, group, out.stride(1),

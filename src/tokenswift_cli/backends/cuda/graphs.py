@@ -164,7 +164,8 @@ class StepGraphs:
 
     def kernel_attends(self, attending: int) -> bool:
         """Whether `attending` rows attend through the Triton kernels (few rows of an exact forward)."""
-        return self.exact and self.backend.kernel_attention and attending <= KERNEL_ROWS
+        backend = self.backend
+        return self.exact and backend.kernel_attention and (attending <= KERNEL_ROWS or backend.dot_attention)
 
     def _writes_into(self, cache: _PreallocatedCache) -> bool:
         """Whether the graphs were captured on this cache's buffers (by identity: an address can be reused)."""
@@ -232,7 +233,7 @@ class StepGraphs:
             if self.kernel_attends(attending):
                 attended = kernel_attention(
                     query[:, :, :attending], stored.keys, stored.values, self.stored,
-                    tree_visible=self.tree_visible[:attending], scaling=attn.scaling,
+                    tree_visible=self.tree_visible[:attending], scaling=attn.scaling, dot=attending > KERNEL_ROWS,
                 )  # fmt: skip
             elif self.exact:
                 attended = float64_attention(

@@ -37,7 +37,9 @@ ROWS = 64  # rows of every exact forward: a 40-node tree and its n-gram paths fi
 LOGIT_ROWS = 16  # rows of every output-head product (the acceptance walk asks for at most this many)
 FORCE = "TOKENSWIFT_PADDED"  # "1": take this backend on any device (tests, benchmarks on a CPU)
 FUSED = "TOKENSWIFT_FUSED"  # "0": the layers' elementwise pieces as torch ops even where the kernels run
-ATTENTION = "TOKENSWIFT_ATTENTION"  # "kernel" (default on CUDA with Triton) or "torch": who computes the float64 rule
+# Who computes the float64 rule: "kernel" (default on CUDA for bf16/fp16: Triton for forwards of at most
+# KERNEL_ROWS rows, torch beyond), "kernel-dot" (Triton for all, on float64 tensor cores beyond), "torch".
+ATTENTION = "TOKENSWIFT_ATTENTION"
 
 
 def applies(model: PreTrainedModel) -> bool:
@@ -83,7 +85,9 @@ class PaddedBackend(LeanBackend):
         # Float32 is left to the torch version: its products are not exact in float64, so the two could part.
         low_precision = self.dtype in (torch.bfloat16, torch.float16)
         default = "kernel" if self.device.type == "cuda" and low_precision else "torch"
-        self.kernel_attention = os.environ.get(ATTENTION, default) == "kernel" and attention_kernel.available()
+        choice = os.environ.get(ATTENTION, default)
+        self.kernel_attention = choice in ("kernel", "kernel-dot") and attention_kernel.available()
+        self.dot_attention = self.kernel_attention and choice == "kernel-dot"  # many rows too: not yet timed
         if self.kernel_attention and self.device.type == "cuda":
             problem = attention_kernel.agrees(self.device, self.dtype)
             if problem is not None:
@@ -92,7 +96,7 @@ class PaddedBackend(LeanBackend):
         # The layers' norms, rotation and activation fused too, where the attention kernels run ("0": not).
         self.fused_layers = (
             attention_kernel.runs_on(self.device)
-            and (self.device.type == "cuda" or os.environ.get(ATTENTION) == "kernel")
+            and (self.device.type == "cuda" or os.environ.get(ATTENTION, "").startswith("kernel"))
             and os.environ.get(FUSED, "1") == "1"
             and all(layer_kernels.applies(layer) for layer in self.decoder.layers)
         )
@@ -217,11 +221,12 @@ class PaddedBackend(LeanBackend):
         if piece.sink_rotation is not None:
             cos, sin = piece.sink_rotation
             sink_query = (raw_query * cos[:, None] + rotate_half(raw_query) * sin[:, None])[:, :, real]
-        if self.kernel_attention and kernels and piece.real <= attention_kernel.KERNEL_ROWS:  # (same bits)
+        few = piece.real <= attention_kernel.KERNEL_ROWS
+        if self.kernel_attention and kernels and (few or self.dot_attention):  # (the same bits as torch's)
             out = attention_kernel.kernel_attention(
                 query[:, :, real], cache.keys, cache.values, piece.stored, tree_visible=piece.tree_visible,
                 scaling=attn.scaling, cache_visible=piece.cache_visible, sink_query=sink_query,
-                cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
+                cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks, dot=not few,
             )  # fmt: skip
         else:
             out = float64_attention(
