@@ -44,7 +44,7 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; } >"$
   [ "$dry" = --dry-run ] && attention=(--dry-run)
   run 80 attention.log "$PY" benchmarks/gpu_attention.py "${attention[@]}" --out "$OUT/attention.json"
   run 150 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
-  for attention in torch kernel; do  # the embedded model's shape, before (torch ops) and after (the kernels)
+  for attention in torch kernel kernel-dot; do  # the embedded model's shape: torch ops, the kernels, + dot
     export TOKENSWIFT_ATTENTION=$attention
     run 40 "shapes-embedded-$attention.log" "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --shapes smollm2-135m \
       --contexts 2048 --out "$OUT/shapes-embedded-$attention.json"

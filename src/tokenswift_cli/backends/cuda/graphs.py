@@ -40,35 +40,57 @@ ATTENDING = (1, 4, 16, 64)  # rows whose attention a graph computes (the forward
 GRAPHS = "TOKENSWIFT_CUDA_GRAPHS"  # "0": none (every exact forward eager); "body": the body uncaptured, any device
 
 
+Residual = torch.Tensor | None  # an addition to the residual stream not yet made (fused paths make it in the norm)
+
+
 def rotated_projections(
-    layer: torch.nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], *, fused: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A layer's (unrotated query, query, key, value) `[1, heads, rows, d]` of `x` `[1, rows, hidden]`.
+    layer: torch.nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], *, fused: bool = False,
+    delta: Residual = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A layer's residual stream `x + delta`, then its (unrotated query, query, key, value) `[1, heads, rows, d]`.
 
     The padded backend's eager pieces and the graphs' body both take them from here: the same
-    products in the same order, so a row's bits agree between the two paths. `fused`: the norm and
-    the rotation through `layer_kernels`.
+    products in the same order, so a row's bits agree between the two paths. `fused`: the norm (with
+    the add), one q/k/v product and the rotation through `layer_kernels`.
     """
     attn = layer.self_attn
-    hidden = layer_kernels.rms_norm(layer.input_layernorm, x)[0] if fused else layer.input_layernorm(x)
-    by_head = (1, x.shape[1], -1, attn.head_dim)
-    raw_query, key, value = (proj(hidden).reshape(by_head) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     if fused:
+        hidden, x = layer_kernels.rms_norm(layer.input_layernorm, x, delta)
+        raw_query, key, value = layer_kernels.projections(attn, hidden)  # [1, rows, heads, d]
         query, key = layer_kernels.rotate(raw_query, *rotary), layer_kernels.rotate(key, *rotary)
-        return raw_query.transpose(1, 2), query, key, value.transpose(1, 2)
-    raw_query, key, value = raw_query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        return x, raw_query.transpose(1, 2), query, key, value.transpose(1, 2)
+    if delta is not None:
+        x = x + delta
+    hidden = layer.input_layernorm(x)
+    by_head = (1, x.shape[1], -1, attn.head_dim)
+    raw_query, key, value = (
+        proj(hidden).reshape(by_head).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+    )
     query, key = apply_rotary_pos_emb(raw_query, key, *rotary)
-    return raw_query, query, key, value
+    return x, raw_query, query, key, value
 
 
-def layer_output(layer: torch.nn.Module, x: torch.Tensor, attended: torch.Tensor, *, fused: bool) -> torch.Tensor:
-    """The residual stream after a layer: `x` plus the attention's projection `attended` `[1, rows, heads * d]`,
-    plus the MLP of that (the eager pieces and the graphs' body alike)."""
+def layer_output(
+    layer: torch.nn.Module, x: torch.Tensor, attended: torch.Tensor, *, fused: bool
+) -> tuple[torch.Tensor, Residual]:
+    """The residual stream after a layer, as (`x`, an addition still to make): `x` plus the attention's
+    projection of `attended` `[1, rows, heads * d]`, plus the MLP of that."""
     if not fused:
         x = x + layer.self_attn.o_proj(attended)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return x + layer.mlp(layer.post_attention_layernorm(x)), None
     normed, x = layer_kernels.rms_norm(layer.post_attention_layernorm, x, layer.self_attn.o_proj(attended))
-    return x + layer_kernels.mlp(layer.mlp, normed)
+    return x, layer_kernels.mlp(layer.mlp, normed)
+
+
+def final_norm(
+    norm: torch.nn.Module, x: torch.Tensor, delta: Residual, *, fused: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pre-norm, post-norm) states of the residual stream `x + delta` after the last layer."""
+    if fused:
+        hidden, x = layer_kernels.rms_norm(norm, x, delta)
+        return x, hidden
+    x = x if delta is None else x + delta
+    return x, norm(x)
 
 
 def fast_attention(
@@ -222,9 +244,10 @@ class StepGraphs:
         seen = (relative < 0)[None] | (own[None] & tree)  # [attending, span]
         nothing = seen[:, :0]
         fused = self.exact and backend.fused_layers
+        delta: Residual = None
         for index, layer in enumerate(backend.decoder.layers):
             attn, stored = layer.self_attn, cache.layer_list[index]
-            _, query, key, value = rotated_projections(layer, x, rotary, fused=fused)  # [1, heads, rows, d]
+            x, _, query, key, value = rotated_projections(layer, x, rotary, fused=fused, delta=delta)
             out.queries[index].copy_(query[0, :, 0])
             assert stored.keys is not None and stored.values is not None
             stored.keys.index_copy_(2, slots, key.to(stored.keys.dtype))
@@ -242,6 +265,9 @@ class StepGraphs:
                 )  # fmt: skip
             else:
                 attended = fast_attention(query[:, :, :attending], keys, values, seen, attn.scaling)
-            x = layer_output(layer, x, torch.nn.functional.pad(attended, (0, 0, 0, rows - attending)), fused=fused)
-        out.pre_norm.copy_(x[0])
-        out.hidden.copy_(backend.decoder.norm(x)[0])
+            x, delta = layer_output(
+                layer, x, torch.nn.functional.pad(attended, (0, 0, 0, rows - attending)), fused=fused
+            )
+        pre_norm, hidden = final_norm(backend.decoder.norm, x, delta, fused=fused)
+        out.pre_norm.copy_(pre_norm[0])
+        out.hidden.copy_(hidden[0])

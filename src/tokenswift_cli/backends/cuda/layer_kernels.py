@@ -1,9 +1,10 @@
 """Fused elementwise pieces of a decoder layer for the padded backend: fewer kernels per layer, same rule per row.
 
 A graph replay of the torch ops launches ~7 kernels per RMSNorm (casts, square, mean, rsqrt, products),
-~10 for the rotary embedding and 3 for the MLP's activation; here each is one Triton kernel, and the
-residual add rides with the norm after it. Each row is one program reducing in a fixed order, so a
-row's bits do not depend on the rows beside it (the padded backend's rule). The bits differ from the
+~10 for the rotary embedding and 3 for the MLP's activation; here each is one Triton kernel, the
+residual adds ride with the norm after them, and q/k/v (gate/up) are one product over joined weights.
+Each row is one program reducing in a fixed order, so a row's bits do not depend on the rows beside
+it (the padded backend's rule). The bits differ from the
 torch ops', so every exact forward takes these or none: the padded backend decides once, at load.
 On CPU tensors they run in Triton's interpreter (`TRITON_INTERPRET=1`), as the tests do.
 """
@@ -11,6 +12,7 @@ On CPU tensors they run in Triton's interpreter (`TRITON_INTERPRET=1`), as the t
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -73,13 +75,13 @@ def _rope_kernel(  # type: ignore[no-untyped-def]
     tl.store(out + HALF + first, _rounded(high * cos_high + low * sin_high, TO_BF16, dtype))
 
 
-def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, width, BLOCK: tl.constexpr, TO_BF16: tl.constexpr):  # type: ignore[no-untyped-def]
-    """One block of a row: silu(gate) * up."""
+def _silu_mul_kernel(gate_up_ptr, out_ptr, width, BLOCK: tl.constexpr, TO_BF16: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One block of a row: silu(gate) * up, from the joined product's row [gate | up]."""
     row, block = tl.program_id(0), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     ok = cols < width
-    gate = tl.load(gate_ptr + row * width + cols, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(up_ptr + row * width + cols, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.load(gate_up_ptr + row * 2 * width + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(gate_up_ptr + row * 2 * width + width + cols, mask=ok, other=0.0).to(tl.float32)
     value = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * width + cols, _rounded(value, TO_BF16, out_ptr.dtype.element_ty), mask=ok)
 
@@ -135,15 +137,55 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) with the activation and product in one kernel."""
-    gate, up = module.gate_proj(x), module.up_proj(x)
-    width = gate.shape[-1]
-    product = torch.empty_like(gate)
+    """down(silu(gate(x)) * up(x)): gate and up in one product, the activation and product in one kernel."""
+    gate_up = joined_product(module, ("gate_proj", "up_proj"), x)  # [1, rows, 2 * width]
+    width = gate_up.shape[-1] // 2
+    product = gate_up.new_empty(*gate_up.shape[:-1], width)
     block = 1024
-    _kernels()["silu"][(gate.numel() // width, triton.cdiv(width, block))](
-        gate, up, product, width, BLOCK=block, TO_BF16=gate.dtype == torch.bfloat16
+    _kernels()["silu"][(product.numel() // width, triton.cdiv(width, block))](
+        gate_up, product, width, BLOCK=block, TO_BF16=gate_up.dtype == torch.bfloat16
     )
     return module.down_proj(product)
+
+
+def projections(attn: torch.nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query, key, value `[1, rows, heads, d]` (views) of `hidden` `[1, rows, hidden]`, from one product."""
+    joined = joined_product(attn, ("q_proj", "k_proj", "v_proj"), hidden)
+    sizes = [getattr(attn, name).weight.shape[0] for name in ("q_proj", "k_proj", "v_proj")]
+    by_head = (1, hidden.shape[1], -1, attn.head_dim)
+    query, key, value = (part.reshape(by_head) for part in joined.split(sizes, dim=-1))
+    return query, key, value
+
+
+_JOINED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def joined_product(module: torch.nn.Module, names: tuple[str, ...], x: torch.Tensor) -> torch.Tensor:
+    """`x` through `module`'s linear layers `names` as one product, their outputs side by side.
+
+    The first call joins their weights into one tensor and points each layer's weight at its rows
+    (no second copy); a weight moved since (`.to`) is joined again.
+    """
+    linears = [getattr(module, name) for name in names]
+    held = _JOINED.get(module)
+    if held is None or linears[0].weight.data_ptr() != held[0].data_ptr():
+        weight = torch.cat([linear.weight.detach() for linear in linears])
+        biases = [linear.bias for linear in linears]
+        bias = None if all(b is None for b in biases) else torch.cat([
+            b.detach() if b is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype, device=weight.device)
+            for b, lin in zip(biases, linears, strict=True)
+        ])  # fmt: skip
+        start = 0
+        for linear in linears:
+            rows = linear.weight.shape[0]
+            linear.weight.data = weight[start : start + rows]
+            if linear.bias is not None and bias is not None:
+                linear.bias.data = bias[start : start + rows]
+            start += rows
+        held = _JOINED[module] = (weight, bias)
+    return torch.nn.functional.linear(x, *held)
 
 
 def available() -> bool:

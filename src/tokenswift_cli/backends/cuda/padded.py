@@ -27,7 +27,14 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from tokenswift_cli.backends.cuda import attention_kernel, invariance, layer_kernels
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
-from tokenswift_cli.backends.cuda.graphs import GRAPHS, StepGraphs, layer_output, rotated_projections
+from tokenswift_cli.backends.cuda.graphs import (
+    GRAPHS,
+    Residual,
+    StepGraphs,
+    final_norm,
+    layer_output,
+    rotated_projections,
+)
 from tokenswift_cli.backends.lean import LeanBackend, Rotation, supports_lean
 from tokenswift_cli.backends.placement import execution_device
 from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, _PreallocatedCache
@@ -99,6 +106,8 @@ class PaddedBackend(LeanBackend):
             and (self.device.type == "cuda" or os.environ.get(ATTENTION, "").startswith("kernel"))
             and os.environ.get(FUSED, "1") == "1"
             and all(layer_kernels.applies(layer) for layer in self.decoder.layers)
+            and type(self.decoder.norm).__name__ in layer_kernels.NORMS
+            and not any(p.device.type == "meta" for p in model.parameters())  # offloaded: nothing to join
         )
         mode = os.environ.get(GRAPHS, "1" if self.device.type == "cuda" else "0")
         rope_type = str(getattr(self.decoder.rotary_emb, "rope_type", "default"))
@@ -158,13 +167,16 @@ class PaddedBackend(LeanBackend):
         x = self.decoder.embed_tokens(padded[None])  # [1, rows, hidden]
         piece = self._layout(x, where, positions[:end], cache, block_mask[begin:end, :end], begin)
         pieces = {x.device: piece}
+        delta: Residual = None
         for index, (layer, device) in enumerate(zip(self.decoder.layers, self.layer_devices, strict=True)):
-            x = x.to(device)
+            x, delta = x.to(device), None if delta is None else delta.to(device)
             on_device = pieces.get(device) or pieces.setdefault(device, piece.to(device))
             keep = row - begin if row is not None and begin <= row < end else None
-            x = self._padded_layer(layer, x, cache.layer_list[index], on_device, capture, keep)
-        x = x.to(self.output_device)
-        return Forward(pre_norm=x[0, :real], hidden=self.decoder.norm(x)[0, :real])
+            x, delta = self._padded_layer(layer, x, delta, cache.layer_list[index], on_device, capture, keep)
+        x, delta = x.to(self.output_device), None if delta is None else delta.to(self.output_device)
+        fused = self.fused_layers and attention_kernel.runs_on(x.device)
+        pre_norm, hidden = final_norm(self.decoder.norm, x, delta, fused=fused)
+        return Forward(pre_norm=pre_norm[0, :real], hidden=hidden[0, :real])
 
     def _layout(
         self,
@@ -197,16 +209,17 @@ class PaddedBackend(LeanBackend):
         self,
         layer: torch.nn.Module,
         x: torch.Tensor,
+        delta: Residual,
         cache: PreallocatedLayer,
         piece: Piece,
         capture: QueryCapture | None,
         keep: int | None,
-    ) -> torch.Tensor:
-        """One decoder layer over `rows` rows; attention over the real ones."""
+    ) -> tuple[torch.Tensor, Residual]:
+        """One decoder layer over `rows` rows (`x + delta`); attention over the real ones."""
         attn, rows = layer.self_attn, x.shape[1]
         kernels = attention_kernel.runs_on(x.device)  # not for a layer computing on the CPU beside a GPU
         fused = self.fused_layers and kernels
-        raw_query, query, key, value = rotated_projections(layer, x, piece.rotary, fused=fused)
+        x, raw_query, query, key, value = rotated_projections(layer, x, piece.rotary, fused=fused, delta=delta)
         if capture is not None and keep is not None:
             capture.queries[attn.layer_idx] = query[0, :, keep]
         # Pad rows write after the real ones: a later piece overwrites them, and no row sees them.
