@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from tokenswift_cli.backends.cuda import attention_kernel
 from tokenswift_cli.backends.cuda.attention_kernel import kernel_attention, splits_for
 from tokenswift_cli.backends.cuda.float64_attention import float64_attention
-from tokenswift_cli.backends.cuda.graphs import GRAPHS
+from tokenswift_cli.backends.cuda.graphs import GRAPHS, StepGraphs
 from tokenswift_cli.backends.cuda.padded import ATTENTION, FORCE, PaddedBackend
 from tokenswift_cli.engine.tree import build_tree
 from tokenswift_cli.model.target import Target
@@ -111,8 +111,11 @@ def kernel_target(family: str) -> Target:
     with torch.no_grad():
         model.get_output_embeddings().weight.normal_(0.0, LOGIT_SCALE)
     target = Target(model.to(torch.bfloat16))
-    assert isinstance(target.backend, PaddedBackend) and target.backend.kernel_attention
-    assert target.backend.fused_layers
+    backend = target.backend
+    assert isinstance(backend, PaddedBackend) and backend.kernel_attention and backend.fused_layers
+    backend.rows = 8  # interpreted kernels cost per row: pieces of 8 rows (a tree of more takes several)
+    if backend.graphs is not None:
+        backend.graphs = StepGraphs(backend, rows=8, exact=True, capture=False)
     return target
 
 
