@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from tokenswift_cli.backends.cuda import attention_kernel, graphs, padded
+from tokenswift_cli.backends.cuda import graphs, padded
 from tokenswift_cli.config import RunConfig
 from tokenswift_cli.engine.state import prefill
 from tokenswift_cli.engine.tree import build_tree
@@ -38,32 +40,55 @@ FREE = {  # ops that launch no kernel: views, metadata, aliasing
     "view", "_unsafe_view", "reshape", "transpose", "t", "expand", "slice", "select", "unsqueeze", "squeeze",
     "as_strided", "detach", "alias", "permute", "split", "split_with_sizes", "narrow", "lift_fresh", "empty",
     "empty_strided", "unbind", "_reshape_alias", "is_same_size", "sym_size", "sym_stride", "sym_numel", "dim",
+    "empty_like", "new_empty",
 }  # fmt: skip
-SYNCS = {"_local_scalar_dense", "nonzero", "item"}
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts dispatched ATen ops by name; `kernels` leaves out the ones that launch nothing."""
+    """Counts dispatched ATen ops by name, and Triton launches (whose own host copies, interpreted, are not ops)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: collections.Counter[str] = collections.Counter()
-        self.syncs = 0
+        self.triton = self.paused = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        name = func.overloadpacket.__name__.rstrip("_")
-        self.ops[name] += 1
-        if name in SYNCS:
-            self.syncs += 1
-        elif name in ("_to_copy", "copy") and any(
-            isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args
-        ) and kwargs and str(kwargs.get("device", "")) == "cpu":  # fmt: skip
-            self.syncs += 1
+        if not self.paused:
+            self.ops[func.overloadpacket.__name__.rstrip("_")] += 1
         return func(*args, **(kwargs or {}))
 
     @property
     def kernels(self) -> int:
         return sum(count for name, count in self.ops.items() if name not in FREE)
+
+    @contextlib.contextmanager
+    def launches(self) -> Iterator[None]:
+        """Count each Triton launch once (compiled: `JITFunction.run`; interpreted: the grid executor)."""
+        from triton.runtime import interpreter, jit
+
+        patched = [(jit.JITFunction, "run"), (interpreter.GridExecutor, "__call__")]
+        originals = [getattr(owner, name) for owner, name in patched]
+
+        def wrap(original: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> Any:
+                if self.paused:
+                    return original(*args, **kwargs)
+                self.triton += 1
+                self.paused += 1
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self.paused -= 1
+
+            return launch
+
+        for (owner, name), original in zip(patched, originals, strict=True):
+            setattr(owner, name, wrap(original))
+        try:
+            yield
+        finally:
+            for (owner, name), original in zip(patched, originals, strict=True):
+                setattr(owner, name, original)
 
 
 def embedded_shaped(layers: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -78,24 +103,12 @@ def embedded_shaped(layers: int, device: torch.device, dtype: torch.dtype) -> to
     return model.eval().requires_grad_(False)
 
 
-def count(target: Target, state: Any, tokens: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor) -> dict:
-    launches = collections.Counter()
-    original = attention_kernel.kernel_attention
-
-    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
-        launches["triton"] += 2  # the split kernel and the combine kernel
-        return original(*args, **kwargs)
-
-    graphs.kernel_attention = padded.attention_kernel.kernel_attention = counted  # type: ignore[assignment]
-    try:
-        target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)  # warm: the body's buffers
-        with OpCounter() as counter:
-            target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)
-        launches.clear()
+def count(target: Target, state: Any, tokens: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor | None) -> dict:
+    target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)  # warm: the body's buffers
+    counter = OpCounter()
+    with counter.launches(), counter:
         target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)
-    finally:
-        graphs.kernel_attention = padded.attention_kernel.kernel_attention = original  # type: ignore[assignment]
-    return {"aten_kernels": counter.kernels, "triton_kernels": launches["triton"], "ops": dict(counter.ops)}
+    return {"aten_kernels": counter.kernels, "triton_kernels": counter.triton, "ops": dict(counter.ops)}
 
 
 def main() -> None:

@@ -72,11 +72,11 @@ def test_a_cache_mask_and_sinks_as_under_a_context_window(dtype: torch.dtype, do
 
 
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:
-    held, rows = 530, 40
+    held, rows = 330, 24
     query, _, keys, values = _case(torch.bfloat16, heads=8, kv=2, dim=16, held=held, rows=rows, seed=5)
     causal = torch.ones(rows, rows, dtype=torch.bool).tril()
     together = kernel_attention(query, keys, values, held, tree_visible=causal, scaling=0.2)
-    for row in (0, 17, 39):  # the same row alone, its own keys visible to it as a one-row forward sees them
+    for row in (0, 11, 23):  # the same row alone, its own keys visible to it as a one-row forward sees them
         alone = kernel_attention(
             query[:, :, row : row + 1], keys, values, held, tree_visible=causal[row : row + 1], scaling=0.2
         )

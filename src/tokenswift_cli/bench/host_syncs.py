@@ -27,7 +27,7 @@ FREE = frozenset({  # ops that launch no kernel: views, metadata, aliasing, host
     "view", "_unsafe_view", "reshape", "transpose", "t", "expand", "slice", "select", "unsqueeze", "squeeze",
     "as_strided", "detach", "alias", "permute", "split", "split_with_sizes", "narrow", "lift_fresh", "empty",
     "empty_strided", "unbind", "_reshape_alias", "is_same_size", "sym_size", "sym_stride", "sym_numel", "dim",
-    "lift_fresh_copy", "_local_scalar_dense",
+    "lift_fresh_copy", "_local_scalar_dense", "empty_like", "new_empty",
 })  # fmt: skip
 SYNCING = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "tolist"})
 

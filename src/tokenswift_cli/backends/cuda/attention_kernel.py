@@ -222,6 +222,7 @@ def kernel_attention(
     cache_sinks: int = 0,
     tree_sinks: torch.Tensor | None = None,
     dot: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention `[1, q, heads * d]` of rotated queries `[1, heads, q, d]`, as `float64_attention` computes it.
 
@@ -229,6 +230,7 @@ def kernel_attention(
     (`held` an int or a 0-dim device tensor), the next `tree_visible.shape[1]` the new tokens' block.
     `tree_visible` `[q, t]`, `cache_visible` `[q, >= held]` (None: all), sinks as in `float64_attention`.
     `dot`: the products on float64 tensor cores (`tl.dot`) rather than in registers, for many rows.
+    `out` `[1, >= q, heads * d]`: written in its first q rows (the rest left as they are), and returned.
     """
     _, heads, q_rows, head_dim = query.shape
     kv, capacity = keys.shape[1], keys.shape[2]
@@ -242,14 +244,15 @@ def kernel_attention(
     block_d = max(16, 1 << (head_dim - 1).bit_length())
     if not isinstance(held, torch.Tensor):
         held = torch.tensor(held, dtype=torch.long, device=device)
-    query = query.contiguous()
+    query = query if query.stride(3) == 1 else query.contiguous()  # rows and heads may be strided (a slice)
     sink_query = query if sink_query is None else sink_query.contiguous()
     tree_visible = tree_visible.contiguous()
     rows = kv * (splits + 1) * row_blocks * block_m
     m = torch.empty(rows, dtype=torch.float32, device=device)
     total = torch.empty(rows, dtype=torch.float64, device=device)
     acc = torch.empty(rows, block_d, dtype=torch.float64, device=device)
-    out = torch.empty(1, q_rows, heads * head_dim, dtype=query.dtype, device=device)
+    if out is None:
+        out = torch.empty(1, q_rows, heads * head_dim, dtype=query.dtype, device=device)
     split_kernel, combine_kernel = _kernels()
     mask = cache_visible.contiguous() if cache_visible is not None else tree_visible
     sinks = tree_sinks.contiguous() if tree_sinks is not None else tree_visible

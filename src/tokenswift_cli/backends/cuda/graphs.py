@@ -109,6 +109,7 @@ class _Captured:
     pre_norm: torch.Tensor  # [rows, hidden], overwritten by each replay
     hidden: torch.Tensor
     queries: torch.Tensor  # [layers, heads, head_dim]: the first row's rotated queries
+    attended: torch.Tensor  # [1, rows, heads * head_dim]: the kernels write the attending rows, the rest stay 0
 
 
 class StepGraphs:
@@ -217,6 +218,7 @@ class StepGraphs:
             torch.empty(self.rows, hidden_size, dtype=backend.dtype, device=device),
             torch.empty(self.rows, hidden_size, dtype=backend.dtype, device=device),
             torch.empty(len(backend.decoder.layers), heads, attn.head_dim, dtype=backend.dtype, device=device),
+            torch.zeros(1, self.rows, heads * attn.head_dim, dtype=backend.dtype, device=device),
         )
         if self.capture:
             stream, current = self.stream, torch.cuda.current_stream(device)
@@ -238,11 +240,12 @@ class StepGraphs:
         x = backend.decoder.embed_tokens(self.tokens[None])  # [1, rows, hidden]
         rotary = backend.decoder.rotary_emb(x, self.positions[None])
         slots = self.stored + torch.arange(rows, device=x.device)  # where the step's keys go
-        relative = torch.arange(span, device=x.device) - self.stored  # slot - held keys
-        own = (relative >= 0) & (relative < rows)
-        tree = self.tree_visible[:attending, relative.clamp(0, rows - 1)]
-        seen = (relative < 0)[None] | (own[None] & tree)  # [attending, span]
-        nothing = seen[:, :0]
+        kernels = self.kernel_attends(attending)  # (they read the held count and the tree themselves)
+        if not kernels:
+            relative = torch.arange(span, device=x.device) - self.stored  # slot - held keys
+            own = (relative >= 0) & (relative < rows)
+            tree = self.tree_visible[:attending, relative.clamp(0, rows - 1)]
+            seen = (relative < 0)[None] | (own[None] & tree)  # [attending, span]
         fused = self.exact and backend.fused_layers
         delta: Residual = None
         for index, layer in enumerate(backend.decoder.layers):
@@ -253,21 +256,22 @@ class StepGraphs:
             stored.keys.index_copy_(2, slots, key.to(stored.keys.dtype))
             stored.values.index_copy_(2, slots, value.to(stored.values.dtype))
             keys, values = stored.keys[:, :, :span], stored.values[:, :, :span]
-            if self.kernel_attends(attending):
-                attended = kernel_attention(
+            if kernels:  # into the zero-padded buffer: no pad to launch
+                padded = kernel_attention(
                     query[:, :, :attending], stored.keys, stored.values, self.stored,
                     tree_visible=self.tree_visible[:attending], scaling=attn.scaling, dot=attending > KERNEL_ROWS,
-                )  # fmt: skip
-            elif self.exact:
-                attended = float64_attention(
-                    query[:, :, :attending], keys, values, keys[:, :, :0], values[:, :, :0], tree_visible=nothing,
-                    scaling=attn.scaling, cache_visible=seen,
+                    out=out.attended,
                 )  # fmt: skip
             else:
-                attended = fast_attention(query[:, :, :attending], keys, values, seen, attn.scaling)
-            x, delta = layer_output(
-                layer, x, torch.nn.functional.pad(attended, (0, 0, 0, rows - attending)), fused=fused
-            )
+                if self.exact:
+                    attended = float64_attention(
+                        query[:, :, :attending], keys, values, keys[:, :, :0], values[:, :, :0],
+                        tree_visible=seen[:, :0], scaling=attn.scaling, cache_visible=seen,
+                    )  # fmt: skip
+                else:
+                    attended = fast_attention(query[:, :, :attending], keys, values, seen, attn.scaling)
+                padded = torch.nn.functional.pad(attended, (0, 0, 0, rows - attending))
+            x, delta = layer_output(layer, x, padded, fused=fused)
         pre_norm, hidden = final_norm(backend.decoder.norm, x, delta, fused=fused)
         out.pre_norm.copy_(pre_norm[0])
         out.hidden.copy_(hidden[0])
