@@ -44,6 +44,9 @@ FREE = {  # ops that launch no kernel: views, metadata, aliasing
 }  # fmt: skip
 
 
+ATTENTIONS = ("torch", "kernel", "kernel-dot")  # padded.ATTENTION's choices
+
+
 class OpCounter(TorchDispatchMode):
     """Counts dispatched ATen ops by name, and Triton launches (whose own host copies, interpreted, are not ops)."""
 
@@ -123,11 +126,11 @@ def main() -> None:
         os.environ[padded.FORCE] = "1"
     tree = build_tree(7, [(1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11)])  # 1 + 4 + 16 + 48 nodes: 64 rows
     rows: list[dict[str, Any]] = []
-    for attention in ("torch", "kernel"):
+    for attention in ATTENTIONS:
         os.environ[padded.ATTENTION] = attention
         for layers in (args.layers, 2 * args.layers):  # the difference is per layer, the rest per forward
             target = Target(embedded_shaped(layers, device, torch.bfloat16))
-            assert target.backend.kernel_attention == (attention == "kernel")
+            assert target.backend.kernel_attention == (attention != "torch")
             state = prefill(target, list(range(1, 200)), RunConfig(max_new_tokens=8, prefill_chunk=256, mode="plain"))
             for name, tokens, depths, mask in (
                 ("plain step", torch.tensor([state.root]), torch.zeros(1, dtype=torch.long), None),
@@ -136,7 +139,7 @@ def main() -> None:
                 row = count(target, state, tokens, depths, mask)
                 rows.append({"attention": attention, "layers": layers, "forward": name, **row})
     table = []
-    for attention in ("torch", "kernel"):
+    for attention in ATTENTIONS:
         for name in ("plain step", "verify 64"):
             few, many = (r for r in rows if r["attention"] == attention and r["forward"] == name)
             total = lambda r: r["aten_kernels"] + r["triton_kernels"]  # noqa: E731
