@@ -1,11 +1,11 @@
-"""Kernels per layer of the padded backend's exact forward, and host synchronisations per engine iteration.
+"""Kernels per layer of the padded backend's exact forward: torch ops against the Triton kernels.
 
-Counts the ATen compute ops the graph body dispatches (each is a kernel in a CUDA graph's replay; views
-and metadata ops launch nothing) plus the Triton attention launches, for a plain step and a 64-node
-verification, with the attention computed by torch (`float64_attention`) and by the Triton kernels. Runs
-the body uncaptured, so it counts the same on a CPU (Triton interpreted) as on a GPU.
+Counts the ATen compute ops the graph body dispatches (each is a kernel in a CUDA graph's replay; views,
+metadata and allocations launch nothing) plus the Triton launches, for a plain step and a 64-node
+verification of the embedded model's shape, for each `TOKENSWIFT_ATTENTION` choice. Runs the body
+uncaptured, so it counts the same on a CPU (Triton interpreted, ~4 minutes) as on a GPU.
 
-    TOKENSWIFT_PADDED=1 python benchmarks/step_ops.py --out benchmarks/results/step_ops-cpu.json
+    python benchmarks/step_ops.py --layers 2 --out benchmarks/results/gpu-step/step-ops-cpu.json
     python benchmarks/step_ops.py --device cuda --out $OUT/step_ops.json        # on the GPU machine
 """
 
