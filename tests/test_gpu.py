@@ -145,9 +145,10 @@ def split_model(dtype: torch.dtype, placement: str) -> torch.nn.Module:
     model = tiny_model("llama-gqa").to(dtype)
     size = sum(p.numel() * p.element_size() for p in [*model.model.embed_tokens.parameters(),
                                                       *model.model.layers[0].parameters()])  # fmt: skip
-    device_map = infer_auto_device_map(
-        model, max_memory={0: size + 1024, "cpu": 2**30}, no_split_module_classes=["LlamaDecoderLayer"]
-    )
+    layer = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
+    device_map = infer_auto_device_map(  # accelerate keeps a layer's room free on the GPU when it offloads
+        model, max_memory={0: size + layer + 1024, "cpu": 2**30}, no_split_module_classes=["LlamaDecoderLayer"]
+    )  # (without it, layer 0 went to the CPU too: H200, sessions 35 and 36)
     assert set(device_map.values()) == {0, "cpu"}, device_map
     return dispatch_model(model, device_map, main_device="cpu" if placement == "split" else None)
 
