@@ -2,7 +2,8 @@
 
 Counts the ATen compute ops the graph body dispatches (each is a kernel in a CUDA graph's replay; views,
 metadata and allocations launch nothing) plus the Triton launches, for a plain step and a 64-node
-verification of the embedded model's shape, for each `TOKENSWIFT_ATTENTION` choice. Runs the body
+verification of the embedded model's shape, for each `TOKENSWIFT_ATTENTION` choice, and for the draft
+pass (one token, not exact: TokenSwift's step 1). Runs the body
 uncaptured, so it counts the same on a CPU (Triton interpreted, ~4 minutes) as on a GPU.
 
     python benchmarks/step_ops.py --layers 2 --out benchmarks/results/gpu-step/step-ops-cpu.json
@@ -106,11 +107,13 @@ def embedded_shaped(layers: int, device: torch.device, dtype: torch.dtype) -> to
     return model.eval().requires_grad_(False)
 
 
-def count(target: Target, state: Any, tokens: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor | None) -> dict:
-    target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)  # warm: the body's buffers
+def count(
+    target: Target, state: Any, tokens: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor | None, exact: bool
+) -> dict:
+    target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=exact)  # warm: the body's buffers
     counter = OpCounter()
     with counter.launches(), counter:
-        target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=True)
+        target.forward(tokens, state.full, depths=depths, block_mask=mask, exact=exact)
     return {"aten_kernels": counter.kernels, "triton_kernels": counter.triton, "ops": dict(counter.ops)}
 
 
@@ -132,15 +135,17 @@ def main() -> None:
             target = Target(embedded_shaped(layers, device, torch.bfloat16))
             assert target.backend.kernel_attention == (attention != "torch")
             state = prefill(target, list(range(1, 200)), RunConfig(max_new_tokens=8, prefill_chunk=256, mode="plain"))
-            for name, tokens, depths, mask in (
-                ("plain step", torch.tensor([state.root]), torch.zeros(1, dtype=torch.long), None),
-                ("verify 64", tree.tokens[:64], tree.depths[:64], tree.mask[:64, :64]),
+            root, first = torch.tensor([state.root]), torch.zeros(1, dtype=torch.long)
+            for name, tokens, depths, mask, exact in (
+                ("plain step", root, first, None, True),
+                ("verify 64", tree.tokens[:64], tree.depths[:64], tree.mask[:64, :64], True),
+                ("draft pass", root, first, None, False),  # one token, not exact: its own graphs
             ):
-                row = count(target, state, tokens, depths, mask)
+                row = count(target, state, tokens, depths, mask, exact)
                 rows.append({"attention": attention, "layers": layers, "forward": name, **row})
     table = []
     for attention in ATTENTIONS:
-        for name in ("plain step", "verify 64"):
+        for name in ("plain step", "verify 64", "draft pass"):
             few, many = (r for r in rows if r["attention"] == attention and r["forward"] == name)
             total = lambda r: r["aten_kernels"] + r["triton_kernels"]  # noqa: E731
             per_layer = (total(many) - total(few)) / (many["layers"] - few["layers"])

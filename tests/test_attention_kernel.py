@@ -136,6 +136,8 @@ def test_tokenswift_through_the_kernels_equals_plain(monkeypatch) -> None:  # ty
         target = kernel_target("qwen2")
         divergence, iterations, _ = tokenswift_equals_plain(target, SEEDED, window=window, tokens=tokens)
         assert divergence is None and iterations < tokens
+        drafted = target.backend.draft_graphs.captured  # the draft passes ran the fused body with the kernels
+        assert bool(drafted) == (window is None)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

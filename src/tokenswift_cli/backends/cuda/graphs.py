@@ -186,9 +186,10 @@ class StepGraphs:
         return min(next((q for q in ATTENDING if q >= count), self.rows), self.rows)
 
     def kernel_attends(self, attending: int) -> bool:
-        """Whether `attending` rows attend through the Triton kernels (few rows of an exact forward)."""
+        """Whether `attending` rows attend through the Triton kernels: few rows (a plain step, a draft pass),
+        or many on float64 tensor cores where those are chosen."""
         backend = self.backend
-        return self.exact and backend.kernel_attention and (attending <= KERNEL_ROWS or backend.dot_attention)
+        return backend.kernel_attention and (attending <= KERNEL_ROWS or (self.exact and backend.dot_attention))
 
     def _writes_into(self, cache: _PreallocatedCache) -> bool:
         """Whether the graphs were captured on this cache's buffers (by identity: an address can be reused)."""
@@ -246,7 +247,7 @@ class StepGraphs:
             own = (relative >= 0) & (relative < rows)
             tree = self.tree_visible[:attending, relative.clamp(0, rows - 1)]
             seen = (relative < 0)[None] | (own[None] & tree)  # [attending, span]
-        fused = self.exact and backend.fused_layers
+        fused = backend.fused_layers  # the draft pass too: nothing compares its bits, only its speed counts
         delta: Residual = None
         for index, layer in enumerate(backend.decoder.layers):
             attn, stored = layer.self_attn, cache.layer_list[index]
