@@ -87,7 +87,10 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_splits(monkeypat
 
 
 def test_the_padded_backend_checks_the_kernels_before_relying_on_them() -> None:
+    from tokenswift_cli.backends.cuda import layer_kernels
+
     assert attention_kernel.agrees(torch.device("cpu"), torch.bfloat16) is None
+    assert layer_kernels.usable(torch.device("cpu"), torch.bfloat16) is None
 
 
 def test_splits_fill_the_gpu_without_splitting_short_caches() -> None:

@@ -191,3 +191,31 @@ def joined_product(module: torch.nn.Module, names: tuple[str, ...], x: torch.Ten
 def available() -> bool:
     """Where the attention kernels can run, these can."""
     return attention_kernel.available()
+
+
+@functools.cache
+def usable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None if the kernels build and compute what the torch ops do (within rounding) on `device`, else why not.
+
+    Checked once per process before the padded backend fuses its layers with them.
+    """
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+    generator = torch.Generator().manual_seed(0)
+    norm, block = LlamaRMSNorm(64).to(device, dtype), LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=96))
+    block = block.to(device, dtype)
+    x, delta = (torch.randn(1, 5, 64, generator=generator).to(device, dtype) for _ in range(2))
+    heads, angles = torch.randn(1, 5, 2, 32, generator=generator), torch.rand(1, 5, 32, generator=generator)
+    heads, cos, sin = heads.to(device, dtype), angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+    try:
+        normed, total = rms_norm(norm, x, delta)
+        got = (normed, mlp(block, normed), rotate(heads, cos, sin))
+    except Exception as error:  # noqa: BLE001 (any failure to build or run: the torch ops serve)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    rotated = heads * cos[:, :, None] + torch.cat([-heads[..., 16:], heads[..., :16]], -1) * sin[:, :, None]
+    expected = (norm(x + delta), block(normed), rotated.transpose(1, 2))
+    for name, a, b in zip(("norm", "mlp", "rotation"), got, expected, strict=True):
+        if not torch.allclose(a.float(), b.float(), rtol=3e-2, atol=3e-2):
+            return f"the fused {name} is off by {float((a.float() - b.float()).abs().max()):.3g}"
+    return None

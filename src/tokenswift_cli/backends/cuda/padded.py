@@ -109,6 +109,11 @@ class PaddedBackend(LeanBackend):
             and type(self.decoder.norm).__name__ in layer_kernels.NORMS
             and not any(p.device.type == "meta" for p in model.parameters())  # offloaded: nothing to join
         )
+        if self.fused_layers and self.device.type == "cuda":
+            problem = layer_kernels.usable(self.device, self.dtype)
+            if problem is not None:
+                warnings.warn(f"layers through torch ops: the fused kernels are unusable ({problem})", stacklevel=2)
+                self.fused_layers = False
         mode = os.environ.get(GRAPHS, "1" if self.device.type == "cuda" else "0")
         rope_type = str(getattr(self.decoder.rotary_emb, "rope_type", "default"))
         if "dynamic" in rope_type or rope_type == "longrope":  # their tables change with the positions, on the host
