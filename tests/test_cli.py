@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from cli_helpers import (
     PREFIX,
     build_tiny_folder,
@@ -510,6 +511,24 @@ def test_resume_refuses_another_model_without_touching_the_run(
     before = snapshot(folder)
     assert_one_line_error(cli("resume", folder.name, "--tokens", 40), contains="another model")
     assert snapshot(folder) == before
+
+
+def test_a_run_records_its_device_and_a_gpu_run_resumes_only_on_a_gpu(tiny_folder: Path, prefix_file: Path) -> None:
+    _, folder = write_in_process(tiny_folder, prefix_file, 20)  # no --device: cuda where present, else cpu
+    settings = json.loads((folder / "settings.json").read_text())
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    assert settings["model"]["spec"]["device"] == here and settings["device"]["type"] == here
+    if here == "cuda":
+        return
+    settings["device"] = {"type": "cuda", "name": "NVIDIA H200"}  # as if written on a GPU machine
+    (folder / "settings.json").write_text(json.dumps(settings))
+    before = snapshot(folder)
+    assert_one_line_error(cli("resume", folder.name, "--tokens", 40), contains="written on a GPU (NVIDIA H200)")
+    assert snapshot(folder) == before
+    settings["device"] = {"type": "cpu", "name": "another-cpu"}
+    (folder / "settings.json").write_text(json.dumps(settings))
+    resumed = cli("resume", folder.name, "--tokens", 40)
+    assert resumed.exit_code == 0 and "was written on another-cpu (cpu), resumes on" in resumed.stderr
 
 
 def test_resume_refuses_a_corrupted_checkpoint(tiny_folder: Path, prefix_file: Path) -> None:

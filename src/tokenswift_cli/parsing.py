@@ -64,3 +64,12 @@ def parse_window(text: str, keep: Keep, model: str = "default") -> ContextWindow
 def off_if_zero(value: int | None) -> int | None:
     """0 on the command line turns a feature off; the configs spell off as None."""
     return None if value == 0 else value
+
+
+def resolve_device(device: str | None) -> str:
+    """`--device` as given, else the GPU where there is one (CUDA), else the CPU."""
+    if device is not None:
+        return device
+    from tokenswift_cli.backends.placement import default_device  # torch: not imported for --help
+
+    return default_device()

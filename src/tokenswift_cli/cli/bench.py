@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from tokenswift_cli.cli.help import Command
-from tokenswift_cli.parsing import parse_keep
+from tokenswift_cli.parsing import parse_keep, resolve_device
 
 EXAMPLE = "Example: tokenswift bench --lengths 512,2k --contexts 2k,8k --sampling greedy --out results/"
 
@@ -53,8 +53,9 @@ def bench_command(
         str, typer.Option("--model", "-m", help="'default', a model folder, a .gguf file or a hub id.")
     ] = "default",
     device: Annotated[
-        str, typer.Option(help="cpu or cuda[:N]; on cuda the result files are named after the GPU.")
-    ] = "cpu",
+        str | None,
+        typer.Option(help="cpu or cuda[:N] (default: cuda where a GPU is present); on cuda the files name the GPU."),
+    ] = None,
     dtype: Annotated[
         str, typer.Option(help="auto (as write: the model's), float32 or bfloat16; every method uses the same.")
     ] = "auto",
@@ -106,7 +107,7 @@ def bench_command(
 
     try:
         request = BenchRequest(
-            model=model, device=device, dtype=dtype, weights=weights, heads=heads,
+            model=model, device=resolve_device(device), dtype=dtype, weights=weights, heads=heads,
             lengths=tuple(parse_counts(lengths)),
             length_context=parse_count(length_context), contexts=tuple(parse_counts(contexts)),
             context_tokens=parse_count(context_tokens), prefix_file=prefix_file,

@@ -140,9 +140,9 @@ RopeFactorOpt = Annotated[
     float | None,
     typer.Option("--rope-factor", help="YaRN factor (default: sized to the run).", rich_help_panel=_MODEL),
 ]
-DeviceOpt = Annotated[
-    str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (shard over GPUs).", rich_help_panel=_MODEL)
-]
+_DEVICE_HELP = "cpu, cuda, cuda:N, mps or auto (shard over GPUs). Default: cuda where a GPU is present, else cpu."
+DeviceOpt = Annotated[str | None, typer.Option("--device", help=_DEVICE_HELP, rich_help_panel=_MODEL)]
+
 
 # Sampling
 TemperatureOpt = Annotated[

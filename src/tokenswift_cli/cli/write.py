@@ -76,7 +76,7 @@ from tokenswift_cli.config import (
     SamplingConfig,
     Weights,
 )
-from tokenswift_cli.parsing import off_if_zero, parse_keep, parse_tokens, parse_tree, parse_window
+from tokenswift_cli.parsing import off_if_zero, parse_keep, parse_tokens, parse_tree, parse_window, resolve_device
 from tokenswift_cli.sampling.defaults import default_sampling
 from tokenswift_cli.sampling.scripts import parse_scripts
 
@@ -107,7 +107,7 @@ def write(
     heads: HeadsOpt = "default",
     dtype: DTypeOpt = "auto",
     weights: WeightsOpt = "auto",
-    device: DeviceOpt = "cpu",
+    device: DeviceOpt = None,
     rope_scaling: RopeScalingOpt = "auto",
     rope_factor: RopeFactorOpt = None,
     context_window: ContextWindowOpt = "auto",
@@ -171,8 +171,8 @@ def write(
             stop=tuple(stop or ()),
         )  # fmt: skip
         spec = ModelSpec(
-            name=model, dtype=cast(DType, dtype), device=device, rope_scaling=cast(RopeScaling, rope_scaling),
-            rope_factor=rope_factor, weights=cast(Weights, weights),
+            name=model, dtype=cast(DType, dtype), device=resolve_device(device),
+            rope_scaling=cast(RopeScaling, rope_scaling), rope_factor=rope_factor, weights=cast(Weights, weights),
         )  # fmt: skip
         from tokenswift_cli.cli.panel import make_renderer
         from tokenswift_cli.runs import runner

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import platform
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from tokenswift_cli.config import (
     AutoWindow,
@@ -190,3 +193,11 @@ def with_scripts_filter(
             raise ConfigError("--scripts auto must be resolved from the prefix before the run starts")
         names = scripts_of(prefix)
     return dataclasses.replace(sampling, scripts=names, script_filter=ScriptFilter(names, vocabulary, vocab_size))
+
+
+def processor(target: Target) -> dict[str, str]:
+    """What computes a run's text: the device type and its name (a GPU's model), recorded in the run."""
+    device = target.device
+    if device.type == "cuda":
+        return {"type": "cuda", "name": torch.cuda.get_device_name(device)}
+    return {"type": device.type, "name": platform.machine() or device.type}

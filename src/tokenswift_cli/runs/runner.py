@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tokenswift_cli import __version__
 from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
 from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
@@ -33,6 +35,7 @@ from tokenswift_cli.runs.run_model import (
     fit_rope,
     fit_window,
     load_run_model,
+    processor,
     suppress_eos,
     unscaled,
 )  # fmt: skip
@@ -146,6 +149,7 @@ def write(
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "run_config": config.to_dict(),
             "model": loaded.settings,
+            "device": processor(loaded.target),  # a resume elsewhere says so (another GPU may round otherwise)
             "heads": loaded.heads_settings,
             "output": {"out": str(output.out.expanduser().absolute()) if output.out else None},  # resume continues it
             "prefix": {
@@ -220,6 +224,24 @@ def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: RunModel)
         raise CheckpointError(f"{name} was written with other draft heads: {settings['heads']['path']} has changed")
 
 
+def _check_device_here(run_dir: Path, settings: dict[str, Any]) -> None:
+    recorded = settings.get("device")  # (runs written before 2026-11-27 record none)
+    if recorded is not None and recorded["type"] == "cuda" and not torch.cuda.is_available():
+        raise runs.RunError(
+            f"{run_dir.name} was written on a GPU ({recorded['name']}) and this machine has no CUDA device: "
+            "resume it on one"
+        )
+
+
+def _note_other_device(run_dir: Path, settings: dict[str, Any], loaded: RunModel, renderer: Renderer) -> None:
+    recorded, here = settings.get("device"), processor(loaded.target)
+    if recorded is not None and recorded != here:
+        renderer.note(
+            f"{run_dir.name} was written on {recorded['name']} ({recorded['type']}), resumes on {here['name']} "
+            f"({here['type']}): the text stays the model's, but may part from what the first would have written"
+        )
+
+
 def resume(
     *,
     run: str,
@@ -243,8 +265,10 @@ def resume(
         output = output.continuing((settings.get("output") or {}).get("out"))
         renderer = _reporting(output, renderer)
         spec = ModelSpec(**settings["model"]["spec"])  # resolved: the very model the run started with
+        _check_device_here(run_dir, settings)
         loaded = load_run_model(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
         _check_same_model(run_dir, settings, loaded)
+        _note_other_device(run_dir, settings, loaded, renderer)
         cfg = bind_scripts(cfg, loaded)
         warning = plan_rope(
             spec, loaded.target.model.config, cfg.positions_needed(settings["prefix"]["tokens"])
