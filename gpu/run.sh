@@ -73,6 +73,11 @@ elif [ "$mode" = stage2 ]; then
   # apart: a failing compile must not cost the case above
   [ "$dry" = --dry-run ] || run 90 bench-compiled.log "$PY" -m tokenswift_cli bench "${bench[@]::${#bench[@]}-2}" \
     --methods plain,generate_compiled --out "$OUT" --name bench-compiled
+  # Does a drafted iteration pay yet? The paper's draft pass every step, verifications on float64 tensor cores.
+  export TOKENSWIFT_ATTENTION=kernel-dot
+  run 60 bench-pass.log "$PY" -m tokenswift_cli bench "${bench[@]::${#bench[@]}-2}" --methods plain,tokenswift \
+    --draft pass --out "$OUT" --name bench-pass
+  unset TOKENSWIFT_ATTENTION
   rm -f "$OUT"/*.csv  # the JSON holds the same; at most 8 files come back
 else
   echo "unknown mode $mode" >&2
