@@ -22,6 +22,10 @@ from tokenswift_cli.model.forward import Forward, QueryCapture
 class OutputHead(Protocol):
     """An output head stored otherwise than the lm_head's weight; each row's logits depend on that row only."""
 
+    def kernel_attends(self, rows: int, *, exact: bool = True) -> bool:
+        """Whether a forward attending `rows` rows attends through the Triton kernels (`cuda/attention_kernel.py`)."""
+        return False
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 

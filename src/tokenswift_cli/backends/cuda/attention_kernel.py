@@ -56,6 +56,19 @@ def available() -> bool:
     return torch.cuda.is_available() or isinstance(tl.sum, InterpretedFunction)
 
 
+def _rounded_fn(x, TO_BF16: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Float32 `x` in `dtype`, to nearest even (by hand for bfloat16: Triton's interpreter truncates that cast)."""
+    if TO_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+
+
+# The kernels here and in layer_kernels.py find it among their module's globals, jitted.
+rounded = triton.jit(_rounded_fn) if triton is not None else None
+
+
 def _split_kernel(  # type: ignore[no-untyped-def]
     q_ptr, sink_q_ptr, k_ptr, v_ptr, held_ptr, tree_vis_ptr, cache_vis_ptr, tree_sinks_ptr,
     m_ptr, l_ptr, acc_ptr,
@@ -161,12 +174,7 @@ def _combine_kernel(  # type: ignore[no-untyped-def]
         acc += tl.load(acc_ptr + at[:, None] * BLOCK_D + d[None, :]) * factor[:, None]
     total = tl.where(live, total, 1.0)  # pad rows saw nothing (and are not stored)
     out = (acc / total[:, None]).to(tl.float32)  # float64 -> float32 -> dtype, as torch's `.to` rounds
-    if OUT_IS_BF16:  # to nearest even by hand: Triton's interpreter truncates this cast, CUDA rounds it
-        bits = out.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        out = out.to(out_ptr.dtype.element_ty)
+    out = rounded(out, OUT_IS_BF16, out_ptr.dtype.element_ty)
     ok = live[:, None] & (d < HEAD_DIM)[None, :]
     tl.store(out_ptr + row[:, None] * s_or + head[:, None] * HEAD_DIM + d[None, :], out, mask=ok)
 

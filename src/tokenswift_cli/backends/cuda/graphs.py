@@ -157,7 +157,7 @@ class StepGraphs:
         capacity = cache.layer_list[0].keys.shape[2]  # type: ignore[union-attr]
         span = min(math.ceil((stored + self.rows) / SPAN_STEP) * SPAN_STEP, capacity)
         attending = self._attending(count)
-        if self.kernel_attends(attending):  # the kernels read how many keys are held: one span
+        if self.backend.kernel_attends(attending, exact=self.exact):  # they read the held count: one span
             span = capacity
         if not self._writes_into(cache):  # a new or grown cache: the graphs write into the old one
             self._drop_graphs()
@@ -184,12 +184,6 @@ class StepGraphs:
 
     def _attending(self, count: int) -> int:
         return min(next((q for q in ATTENDING if q >= count), self.rows), self.rows)
-
-    def kernel_attends(self, attending: int) -> bool:
-        """Whether `attending` rows attend through the Triton kernels: few rows (a plain step, a draft pass),
-        or many on float64 tensor cores where those are chosen."""
-        backend = self.backend
-        return backend.kernel_attention and (attending <= KERNEL_ROWS or (self.exact and backend.dot_attention))
 
     def _writes_into(self, cache: _PreallocatedCache) -> bool:
         """Whether the graphs were captured on this cache's buffers (by identity: an address can be reused)."""
@@ -241,7 +235,7 @@ class StepGraphs:
         x = backend.decoder.embed_tokens(self.tokens[None])  # [1, rows, hidden]
         rotary = backend.decoder.rotary_emb(x, self.positions[None])
         slots = self.stored + torch.arange(rows, device=x.device)  # where the step's keys go
-        kernels = self.kernel_attends(attending)  # (they read the held count and the tree themselves)
+        kernels = self.backend.kernel_attends(attending, exact=self.exact)  # (they read the tree themselves)
         if not kernels:
             relative = torch.arange(span, device=x.device) - self.stored  # slot - held keys
             own = (relative >= 0) & (relative < rows)

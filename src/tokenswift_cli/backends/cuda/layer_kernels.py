@@ -4,8 +4,8 @@ A graph replay of the torch ops launches ~7 kernels per RMSNorm (casts, square, 
 ~10 for the rotary embedding and 3 for the MLP's activation; here each is one Triton kernel, the
 residual adds ride with the norm after them, and q/k/v (gate/up) are one product over joined weights.
 Each row is one program reducing in a fixed order, so a row's bits do not depend on the rows beside
-it (the padded backend's rule). The bits differ from the
-torch ops', so every exact forward takes these or none: the padded backend decides once, at load.
+it (the padded backend's rule). The bits differ from the torch ops', so every exact forward takes
+these or none: the padded backend decides once, at load.
 On CPU tensors they run in Triton's interpreter (`TRITON_INTERPRET=1`), as the tests do.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from tokenswift_cli.backends.cuda import attention_kernel
+from tokenswift_cli.backends.cuda.attention_kernel import rounded
 
 try:
     import triton
@@ -26,15 +27,6 @@ except ImportError:  # pragma: no cover
     triton = tl = None
 
 NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"}  # weight * (x / rms(x)), in the input's dtype
-
-
-def _rounded(x, TO_BF16: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Float32 `x` in `dtype`, to nearest even (by hand for bfloat16: Triton's interpreter truncates that cast)."""
-    if TO_BF16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return x.to(dtype)
 
 
 def _norm_kernel(  # type: ignore[no-untyped-def]
@@ -48,12 +40,12 @@ def _norm_kernel(  # type: ignore[no-untyped-def]
     x = tl.load(x_ptr + row * width + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_DELTA:
         x = x + tl.load(delta_ptr + row * width + cols, mask=ok, other=0.0).to(tl.float32)
-        rounded = _rounded(x, TO_BF16, sum_ptr.dtype.element_ty)
-        tl.store(sum_ptr + row * width + cols, rounded, mask=ok)
-        x = rounded.to(tl.float32)
+        summed = rounded(x, TO_BF16, sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * width + cols, summed, mask=ok)
+        x = summed.to(tl.float32)
     scale = 1.0 / tl.sqrt(tl.sum(x * x, 0) / width + eps)
     weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * width + cols, _rounded(x * scale * weight, TO_BF16, out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row * width + cols, rounded(x * scale * weight, TO_BF16, out_ptr.dtype.element_ty), mask=ok)
 
 
 def _rope_kernel(  # type: ignore[no-untyped-def]
@@ -71,8 +63,8 @@ def _rope_kernel(  # type: ignore[no-untyped-def]
     sin_high = tl.load(sin_ptr + row * s_cr + HALF + first).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
     out = out_ptr + row * s_or + head * s_oh
-    tl.store(out + first, _rounded(low * cos_low - high * sin_low, TO_BF16, dtype))
-    tl.store(out + HALF + first, _rounded(high * cos_high + low * sin_high, TO_BF16, dtype))
+    tl.store(out + first, rounded(low * cos_low - high * sin_low, TO_BF16, dtype))
+    tl.store(out + HALF + first, rounded(high * cos_high + low * sin_high, TO_BF16, dtype))
 
 
 def _silu_mul_kernel(gate_up_ptr, out_ptr, width, BLOCK: tl.constexpr, TO_BF16: tl.constexpr):  # type: ignore[no-untyped-def]
@@ -83,14 +75,11 @@ def _silu_mul_kernel(gate_up_ptr, out_ptr, width, BLOCK: tl.constexpr, TO_BF16: 
     gate = tl.load(gate_up_ptr + row * 2 * width + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(gate_up_ptr + row * 2 * width + width + cols, mask=ok, other=0.0).to(tl.float32)
     value = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + row * width + cols, _rounded(value, TO_BF16, out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row * width + cols, rounded(value, TO_BF16, out_ptr.dtype.element_ty), mask=ok)
 
 
 @functools.cache
 def _kernels() -> dict[str, Any]:
-    global _rounded
-    if not isinstance(_rounded, triton.runtime.jit.JITFunction | triton.runtime.interpreter.InterpretedFunction):
-        _rounded = triton.jit(_rounded)  # the kernels find the helper among their globals
     return {"norm": triton.jit(_norm_kernel), "rope": triton.jit(_rope_kernel), "silu": triton.jit(_silu_mul_kernel)}
 
 

@@ -239,12 +239,12 @@ class PaddedBackend(LeanBackend):
         if piece.sink_rotation is not None:
             cos, sin = piece.sink_rotation
             sink_query = (raw_query * cos[:, None] + rotate_half(raw_query) * sin[:, None])[:, :, real]
-        few = piece.real <= attention_kernel.KERNEL_ROWS
-        if self.kernel_attention and kernels and (few or self.dot_attention):  # (the same bits as torch's)
+        if kernels and self.kernel_attends(piece.real):  # (the same bits as torch's)
             out = attention_kernel.kernel_attention(
                 query[:, :, real], cache.keys, cache.values, piece.stored, tree_visible=piece.tree_visible,
                 scaling=attn.scaling, cache_visible=piece.cache_visible, sink_query=sink_query,
-                cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks, dot=not few,
+                cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
+                dot=piece.real > attention_kernel.KERNEL_ROWS,
             )  # fmt: skip
         else:
             out = float64_attention(
@@ -254,6 +254,11 @@ class PaddedBackend(LeanBackend):
                 sink_query=sink_query, cache_sinks=piece.cache_sinks, tree_sinks=piece.tree_sinks,
             )  # fmt: skip
         return layer_output(layer, x, F.pad(out, (0, 0, 0, rows - piece.real)), fused=fused)
+
+    def kernel_attends(self, rows: int, *, exact: bool = True) -> bool:
+        """Few rows (a plain step, a draft pass) through the kernels; many only on float64 tensor cores, if chosen."""
+        few = rows <= attention_kernel.KERNEL_ROWS
+        return self.kernel_attention and (few or (exact and self.dot_attention))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head in products of exactly `LOGIT_ROWS` rows (a row's logits whatever the batch)."""
