@@ -32,18 +32,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tokenswift_cli.backends.cuda import graphs, padded
+from tokenswift_cli.bench.host_syncs import FREE  # ops that launch no kernel
 from tokenswift_cli.config import RunConfig
 from tokenswift_cli.engine.state import prefill
 from tokenswift_cli.engine.tree import build_tree
 from tokenswift_cli.model.target import Target
-
-FREE = {  # ops that launch no kernel: views, metadata, aliasing
-    "view", "_unsafe_view", "reshape", "transpose", "t", "expand", "slice", "select", "unsqueeze", "squeeze",
-    "as_strided", "detach", "alias", "permute", "split", "split_with_sizes", "narrow", "lift_fresh", "empty",
-    "empty_strided", "unbind", "_reshape_alias", "is_same_size", "sym_size", "sym_stride", "sym_numel", "dim",
-    "empty_like", "new_empty",
-}  # fmt: skip
-
 
 ATTENTIONS = ("torch", "kernel", "kernel-dot")  # padded.ATTENTION's choices
 
