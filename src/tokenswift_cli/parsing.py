@@ -70,6 +70,6 @@ def resolve_device(device: str | None) -> str:
     """`--device` as given, else the GPU where there is one (CUDA), else the CPU."""
     if device is not None:
         return device
-    from tokenswift_cli.backends.placement import default_device  # torch: not imported for --help
+    import torch  # here: --help and `runs` do not import it
 
-    return default_device()
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -24,8 +24,3 @@ def execution_device(module: torch.nn.Module) -> torch.device:
     for tensor in itertools.chain(module.parameters(), module.buffers()):
         return tensor.device
     raise ValueError(f"{type(module).__name__} holds no weights and no accelerate hook: no device to compute on")
-
-
-def default_device() -> str:
-    """The device a command runs on when none is named: the GPU where there is one (CUDA), else the CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
