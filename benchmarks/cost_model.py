@@ -3,7 +3,7 @@
     python benchmarks/cost_model.py                                       # CPU acceptance + an ASSUMED GPU curve
     python benchmarks/cost_model.py --shapes shapes.json --gpu bench-nvidia-h100-80gb-hbm3.json   # measured
 
-An iteration commits `mean_accepted` tokens (measured with the embedded model: benchmarks/bench-cpu-*.json,
+An iteration commits `mean_accepted` tokens (measured with the embedded model: benchmarks/results/drafts/*.json,
 or the GPU bench when given) and costs one verification of the tree, a draft pass (the paper's drafting
 runs the model once more; `--draft-steps`), both in plain steps (the host's share is reported, not modelled):
 
@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CPU_BENCHES = {"greedy": HERE / "bench-cpu-greedy.json", "paper": HERE / "bench-cpu-paper.json"}
+CPU_BENCHES = {
+    "greedy": HERE / "results/drafts/greedy-full-context-8k-32k-1024tokens-2threads.json",
+    "paper": HERE / "results/drafts/sampled-paper-window4k-2k-8k-2threads.json",
+}
 PAPER_SPEEDUP = 3.0  # TokenSwift paper: Llama-3.1-8B, 100K tokens
 ASSUMED_PER_NODE = 0.004
 

@@ -1,4 +1,4 @@
-"""How far each sampling setting moves the model away from real prose (docs/quality.md, issue 6).
+"""How far each sampling setting moves the model away from real prose (benchmarks/record/quality.md, issue 6).
 
 Teacher-forced on a reference text: one forward gives the model's logits at every position; each
 setting's target distribution (the engine's own `sampling.target_scores`, penalty window over the

@@ -1,8 +1,8 @@
-"""Continue a run's own text from token 20,000 with the penalty on or off: does it collapse? (docs/quality.md)
+"""Continue a run's own text from token 20,000 with the penalty on or off: does it collapse? (record/quality.md)
 
     .venv/bin/python benchmarks/penalty_probe.py PENALTY NEW_TOKENS   # 1.15 4000, then 1.0 4000
 
-The run folder is /work/qruns/runs/run-001 (the 32K run of docs/quality.md); edit `run` for another.
+The run folder is /work/qruns/runs/run-001 (the 32K run of benchmarks/record/quality.md); edit `run` for another.
 """
 
 import json

@@ -1,4 +1,4 @@
-"""Generate long texts with candidate sampling settings, for docs/quality.md (issue 6).
+"""Generate long texts with candidate sampling settings, for benchmarks/record/quality.md (issue 6).
 
 Writes OUT.tokens (one token id per line, appended as they are committed, so a run can be read
 while it goes on), OUT.json (settings) and, at the end, OUT.txt. Example:
