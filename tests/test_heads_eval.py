@@ -12,20 +12,24 @@ from helpers import random_heads, random_prompt, tiny_target
 from tokenswift_cli.config import RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.model.heads import read_metadata
-from tokenswift_cli.train.acceptance import replay
+from tokenswift_cli.train.acceptance import replay, write_text
 
 SAMPLING = SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.2, penalty_window=32, seed=3)
 
 
+@pytest.mark.parametrize("greedy", [False, True])
 @pytest.mark.parametrize("with_heads", [True, False])
-def test_replay_commits_what_the_engine_commits(with_heads: bool) -> None:
+def test_replay_commits_what_the_engine_commits(with_heads: bool, greedy: bool) -> None:
     """The replay's tokens per step on a text are the engine's own mean accepted length on it."""
     target = tiny_target("llama-gqa")
     heads = random_heads(target) if with_heads else None
     prompt = random_prompt(40) * 2  # a repeat, so that n-gram candidates are accepted too
-    cfg = RunConfig(max_new_tokens=120, sampling=SAMPLING, kv_cache="model")
+    sampling = SamplingConfig() if greedy else SAMPLING
+    cfg = RunConfig(max_new_tokens=120, sampling=sampling, kv_cache="model")
     out, stats = generate_tokens(target, heads, prompt, cfg)
-    result = replay(target.model, heads, [*prompt, *out], len(prompt), sampling=SAMPLING, draft=cfg.draft)
+    if greedy:  # `heads eval --greedy` writes its text as plain greedy decoding does
+        assert write_text(target.model, prompt, 120, sampling)[len(prompt) :] == out
+    result = replay(target.model, heads, [*prompt, *out], len(prompt), sampling=sampling, draft=cfg.draft)
     assert result.tokens == len(out) == stats.generated
     assert (result.heads if with_heads else result.no_heads) == pytest.approx(stats.mean_accepted)
     assert result.oracle > 1.0 and result.heads_no_lag >= 1.0

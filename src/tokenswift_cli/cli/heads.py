@@ -105,13 +105,14 @@ def eval_command(
     ] = None,
     new_tokens: Annotated[int, typer.Option(help="Tokens the model writes after each prefix.", min=2)] = 512,
     seed: Annotated[int, typer.Option(help="Seed of the written text.")] = 0,
+    greedy: Annotated[bool, typer.Option("--greedy", help="Greedy decoding instead of the paper's sampling.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
     """Per-head top-1/top-3 against the model's own next tokens at short and long positions, and the tokens
-    per step of the paper's tree at the paper's sampling, with and without the heads, beside the oracle."""
+    per step of the paper's tree at the paper's sampling (or greedy), with and without the heads, beside the oracle."""
     from dataclasses import replace
 
-    from tokenswift_cli.config import DraftConfig, ModelSpec
+    from tokenswift_cli.config import DraftConfig, ModelSpec, SamplingConfig
     from tokenswift_cli.data import HELD_OUT_TEXT
     from tokenswift_cli.model.heads import resolve_heads
     from tokenswift_cli.model.loading import end_of_text_ids, load_model
@@ -128,7 +129,9 @@ def eval_command(
     heads = heads.to(loaded.model.device)
     rows = file_rows(loaded, [str(t) for t in files], window=tokens, heads=heads.num_heads, limit=tokens)
     accuracy = held_out_accuracy(heads, loaded, {"text": rows})
-    sampling = replace(PAPER, seed=seed, suppress_token_ids=tuple(end_of_text_ids(loaded)))
+    sampling = replace(
+        SamplingConfig() if greedy else PAPER, seed=seed, suppress_token_ids=tuple(end_of_text_ids(loaded))
+    )
     replays = [
         {"file": f.name, **replay_file(loaded, heads, f.read_text(encoding="utf-8"), prefix_tokens=n,
                                        new_tokens=new_tokens, sampling=sampling).to_dict()}

@@ -50,6 +50,12 @@ def train_heads_command(
         list[Path] | None,
         _opt("Also train on this text file (repeatable); --samples 0 for files only.", _DATA, show_default=False),
     ] = None,
+    data_skip: Annotated[
+        int, _opt("Tokens left unread at the start of each --data file (4096: the benchmark prefixes).", _DATA, min=0)
+    ] = 0,
+    data_passes: Annotated[
+        int, _opt("Passes over each --data file, windows shifted (other positions).", _DATA, min=1)
+    ] = 1,
     samples: Annotated[int, _opt("Texts the model writes itself.", _DATA, min=0)] = 32,
     sample_tokens: Annotated[int, _opt("Tokens per self-written text.", _DATA, min=8)] = 512,
     write_batch: Annotated[int, _opt("Texts written at once (hundreds on a GPU).", _DATA, min=1)] = 16,
@@ -93,6 +99,7 @@ def train_heads_command(
     data_cfg = DataConfig(
         samples=samples, sample_tokens=sample_tokens, long_windows=long_windows, long_tokens=long_tokens,
         held_out_samples=held_out_samples, files=files, batch_size=write_batch, seed=seed, write_minutes=write_minutes,
+        file_skip=data_skip, file_passes=data_passes,
     )  # fmt: skip
     out = out or default_out(model)
     if fresh:
@@ -110,8 +117,9 @@ def train_heads_command(
 
         rows, held_out = distilled_rows(loaded, data_cfg, heads=num_heads, progress=update)
         if files:
-            bar.update(task, description="reading text files")
-            rows = Rows.concat([rows, file_rows(loaded, files, window=data_cfg.file_tokens, heads=num_heads)])
+            read = file_rows(loaded, files, window=data_cfg.file_tokens, heads=num_heads, skip=data_cfg.file_skip,
+                             passes=data_cfg.file_passes, cache=True, progress=update)  # fmt: skip
+            rows = Rows.concat([rows, read])
     data_seconds = time.monotonic() - started
     say(f"{rows.size} training rows, {held_out.size} held-out rows ({data_seconds:.0f} s)")
     with progress_bar() as bar:

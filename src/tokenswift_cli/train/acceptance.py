@@ -67,17 +67,20 @@ def oracle_tokens_per_step(token_ranks: Sequence[int], widths: Sequence[int]) ->
 
 @torch.no_grad()
 def write_text(model: PreTrainedModel, prompt: Sequence[int], new_tokens: int, sampling: SamplingConfig) -> list[int]:
-    """`prompt` and `new_tokens` tokens the model writes after it, sampled from the target distribution."""
+    """`prompt` and `new_tokens` tokens the model writes after it, drawn from the target distribution (greedy at
+    temperature 0)."""
     processors = LogitsProcessorList([WindowPenalty(sampling.penalty or 1.0, sampling.penalty_window)])
     if sampling.suppress_token_ids:
         processors.insert(0, SuppressTokensLogitsProcessor(list(sampling.suppress_token_ids), device=str(model.device)))
     if sampling.min_p:
         processors.append(MinPLogitsWarper(sampling.min_p))
     torch.manual_seed(sampling.seed)
+    draw = (
+        {"do_sample": True, "temperature": sampling.temperature} if sampling.temperature > 0 else {"do_sample": False}
+    )
     out = model.generate(  # type: ignore[operator]
         input_ids=torch.tensor([list(prompt)], device=model.device), max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens, do_sample=True, temperature=sampling.temperature, top_k=None, top_p=None,
-        logits_processor=processors, pad_token_id=0,
+        min_new_tokens=new_tokens, top_k=None, top_p=None, logits_processor=processors, pad_token_id=0, **draw,
     )  # fmt: skip
     return [int(t) for t in out[0].tolist()]
 

@@ -7,6 +7,7 @@ interrupted run can be resumed: the self-distilled rows are cached per batch und
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,8 @@ class DataConfig:
     held_out_samples: int = 8
     files: tuple[str, ...] = ()
     file_tokens: int = 4096  # each file is read in windows of this many tokens
+    file_skip: int = 0  # tokens left unread at the start of each file (the benchmark prefixes: 4096)
+    file_passes: int = 1  # passes over each file, pass j's windows shifted by j/passes of a window
     generation_dtype: str = "bfloat16"  # a bf16 copy writes ~1.5x faster on CPU; rows are read in fp32 later
     batch_size: int = 16
     seed: int = 0
@@ -132,8 +135,21 @@ def long_rows(loaded: LoadedModel, rows: Rows, *, windows: int, length: int, hea
     for w in range(windows):
         window = stream[w * length : (w + 1) * length]
         if len(window) == length:
-            parts.append(teacher_forced(loaded.model, window, heads=heads))
+            parts.append(read_window(loaded, window, heads=heads, cache=True))
     return Rows.concat(parts)
+
+
+def read_window(loaded: LoadedModel, tokens: list[int], *, heads: int, cache: bool = False) -> Rows:
+    """`teacher_forced` rows of one window; with `cache`, kept beside the self-written rows (keyed by the tokens)."""
+    if not cache:
+        return teacher_forced(loaded.model, tokens, heads=heads)
+    key = hashlib.sha256(json.dumps([tokens, heads]).encode()).hexdigest()[:16]
+    path = rows_cache(loaded) / f"read-{key}.safetensors"
+    if path.is_file():
+        return Rows.load(path)
+    rows = teacher_forced(loaded.model, tokens, heads=heads)
+    rows.save(path)
+    return rows
 
 
 def check_training_files(files: Sequence[str]) -> tuple[str, ...]:
@@ -146,16 +162,26 @@ def check_training_files(files: Sequence[str]) -> tuple[str, ...]:
     return tuple(files)
 
 
-def file_rows(loaded: LoadedModel, files: Sequence[str], *, window: int, heads: int, limit: int | None = None) -> Rows:
-    """Rows of text files read teacher-forced in windows of `window` tokens (`limit`: per file)."""
+def file_rows(
+    loaded: LoadedModel, files: Sequence[str], *, window: int, heads: int, limit: int | None = None, skip: int = 0,
+    passes: int = 1, cache: bool = False, progress: Progress | None = None,
+) -> Rows:  # fmt: skip
+    """Rows of text files read teacher-forced in windows of `window` tokens: the first `limit` tokens of
+    each file after its first `skip`, in `passes` passes whose windows are shifted by `window / passes`
+    (the same tokens at other positions). `cache`: each window's rows are kept (see `read_window`)."""
     if loaded.tokenizer is None:
         raise ValueError("reading text files needs the model's tokenizer")
     parts = [empty_rows(int(loaded.model.config.hidden_size), heads)]
-    for name in files:
-        ids = loaded.tokenizer(Path(name).read_text(encoding="utf-8"))["input_ids"][:limit]
-        for start in range(0, len(ids), window):
-            if len(ids) - start > heads + 2:
-                parts.append(teacher_forced(loaded.model, ids[start : start + window], heads=heads))
+    texts = [loaded.tokenizer(Path(name).read_text(encoding="utf-8"))["input_ids"][skip:][:limit] for name in files]
+    windows = [
+        ids[start : start + window]
+        for ids in texts for shift in range(0, window, -(-window // passes))[:passes]
+        for start in range(shift, len(ids), window) if len(ids) - start > heads + 2
+    ]  # fmt: skip
+    for done, tokens in enumerate(windows):
+        parts.append(read_window(loaded, tokens, heads=heads, cache=cache))
+        if progress is not None:
+            progress("reading text files", (done + 1) * window, len(windows) * window)
     return Rows.concat(parts)
 
 
