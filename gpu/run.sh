@@ -44,6 +44,8 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; } >"$
   [ "$dry" = --dry-run ] && attention=(--dry-run)
   run 80 attention.log "$PY" benchmarks/gpu_attention.py "${attention[@]}" --out "$OUT/attention.json"
   run 150 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
+  # syncs per iteration as CUDA counts them (uploads included), walk on the device vs on the host
+  run 50 syncs.log "$PY" benchmarks/gpu_syncs.py "${attention[@]}" --out "$OUT/syncs.json"
   for attention in torch kernel kernel-dot; do  # the embedded model's shape: torch ops, the kernels, + dot
     export TOKENSWIFT_ATTENTION=$attention
     run 40 "shapes-embedded-$attention.log" "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --shapes smollm2-135m \

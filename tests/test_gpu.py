@@ -21,6 +21,7 @@ from tokenswift_cli.data import DEFAULT_TEXT
 from tokenswift_cli.engine.decode import generate, generate_tokens
 from tokenswift_cli.engine.state import prefill
 from tokenswift_cli.engine.tree import build_tree
+from tokenswift_cli.engine.walk import WALK
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.runs.checkpoint import Checkpointer, read_manifest, restore
 from tokenswift_cli.runs.textstream import StreamState
@@ -123,6 +124,22 @@ def test_the_attention_kernels_give_float64_attentions_bits(dtype: torch.dtype, 
 def test_tokenswift_equals_plain_on_a_medium_model(sampling: SamplingConfig) -> None:
     divergence, _, _ = tokenswift_equals_plain(on_cuda(medium_model(), torch.bfloat16), sampling, tokens=300)
     assert divergence is None
+
+
+DRY = SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.1, dry_multiplier=0.8, dry_range=96, seed=4)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, PAPER, DRY], ids=["greedy", "paper", "dry"])
+def test_the_walk_on_the_device_draws_the_host_walks_tokens(sampling: SamplingConfig, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Plain decoding walked on the host, TokenSwift walked on the device (one read-back): the same text."""
+    target = on_cuda(tiny_model("llama-gqa"), torch.bfloat16)
+    heads, prompt = random_heads(target).to(device=target.device, dtype=target.dtype), random_prompt(150)
+    cfg = RunConfig(max_new_tokens=200, sampling=sampling, prefill_chunk=32)
+    monkeypatch.setenv(WALK, "host")
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    monkeypatch.setenv(WALK, "device")
+    fast, stats = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig(tree=(1, 3, 3, 3))))
+    assert first_divergence(fast, plain) is None and stats.iterations < len(plain)
 
 
 def test_draws_on_the_device_are_the_draws_on_the_cpu() -> None:

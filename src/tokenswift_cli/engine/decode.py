@@ -16,6 +16,7 @@ from tokenswift_cli.engine.drafting import drafter_for
 from tokenswift_cli.engine.metrics import Stats
 from tokenswift_cli.engine.state import GenerationState, prefill
 from tokenswift_cli.engine.verify import accept, verify
+from tokenswift_cli.engine.walk import accept_on_device, walks_on_device
 from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.target import Target
 
@@ -41,6 +42,7 @@ def generate(
     """Extend `state` until `cfg.max_new_tokens` (or an end-of-sequence token); one event per iteration."""
     stats, device = state.stats, target.device
     drafter = drafter_for(cfg, target, heads)
+    walk = accept_on_device if walks_on_device(target.output_device) else accept
     while not state.finished(cfg):
         with stats.phase("draft", device):  # 1. a draft pass, heads on the last verification, a lookup, or none
             drafts = drafter.propose(state)
@@ -49,7 +51,7 @@ def generate(
         with stats.phase("verify", device):  # 3. one forward over the trie against the full cache
             verified = verify(target, tree, state.full)
         with stats.phase("accept"):  # 4. walk the trie with position-keyed target draws
-            accepted = accept(tree, verified.logits, state.tokens, cfg.sampling)
+            accepted = walk(tree, verified.logits, state.tokens, cfg.sampling)
         step = Step(tree=tree, verified=verified, accepted=accepted)
         with stats.phase("shadow"):  # the drafter learns (the tuner: what its other plans would have drafted)
             drafter.update(state, step)

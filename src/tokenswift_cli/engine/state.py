@@ -136,6 +136,8 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
             full.commit(range(chunk.shape[0]))
             full.evict()
         logits = target.logits(forward.hidden[-1])
+    if max(tokens) >= logits.shape[-1]:  # the sampler's penalty indexes the scores with the context's ids
+        raise ConfigError(f"the prefix holds token id {max(tokens)}, past the model's {logits.shape[-1]} logits")
     context = torch.tensor(tokens[-cfg.sampling.context_length :])
     root = choose(logits, context, len(tokens), cfg.sampling)
     partial = None

@@ -24,20 +24,18 @@ class Tree:
     mask: torch.Tensor  # [nodes, nodes] bool; mask[i, j]: node j is i itself or an ancestor of i
     children: tuple[dict[int, int], ...]  # per node: token -> child node
     from_ngram: tuple[bool, ...]  # the node lies on a path the n-gram table proposed
+    token_ids: tuple[int, ...]  # `tokens` on the host
+    max_depth: int
 
     @property
     def size(self) -> int:
         return len(self.parents)
 
-    @property
-    def max_depth(self) -> int:
-        return int(self.depths.max())
-
     def path_tokens(self, node: int) -> list[int]:
         """Tokens from the root to `node`, both included."""
         path = []
         while node >= 0:
-            path.append(int(self.tokens[node]))
+            path.append(self.token_ids[node])
             node = self.parents[node]
         return path[::-1]
 
@@ -81,10 +79,12 @@ class TreeBuilder:
     def build(self) -> Tree:
         size = len(self._tokens)
         mask = torch.zeros(size, size, dtype=torch.bool)
-        for node, parent in enumerate(self._parents):
-            if parent >= 0:
-                mask[node] = mask[parent]
-            mask[node, node] = True
+        rows = torch.arange(size)
+        up = torch.tensor([max(parent, 0) for parent in self._parents])  # the root is its own parent
+        ancestor = rows
+        for _ in range(max(self._depths) + 1):  # a few ops per level, not per node: host time on a GPU
+            mask[rows, ancestor] = True
+            ancestor = up[ancestor]
         return Tree(
             tokens=torch.tensor(self._tokens, dtype=torch.long),
             parents=tuple(self._parents),
@@ -92,6 +92,8 @@ class TreeBuilder:
             mask=mask,
             children=tuple(self._children),
             from_ngram=tuple(self._from_ngram),
+            token_ids=tuple(self._tokens),
+            max_depth=max(self._depths),
         )
 
 

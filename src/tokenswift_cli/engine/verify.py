@@ -36,7 +36,7 @@ class NodeLogits:
     """
 
     def __init__(self, target: Target, tree: Tree, hidden: torch.Tensor) -> None:
-        self._target, self._tree, self._hidden = target, tree, hidden  # hidden: [nodes, hidden]
+        self.target, self._tree, self.hidden = target, tree, hidden  # hidden: [nodes, hidden]
         self._rows: dict[int, torch.Tensor] = {}
         self._reach = 2
 
@@ -49,13 +49,13 @@ class NodeLogits:
                 batch.append(next(iter(children[batch[-1]].values())))  # down the chain
             batch = batch[:LOGITS_BATCH]
             self._reach *= 2
-            logits = self._target.logits(self._hidden[batch])  # [len(batch), vocab]
+            logits = self.target.logits(self.hidden[batch])  # [len(batch), vocab]
             self._rows.update(zip(batch, logits, strict=True))
         return self._rows[node]
 
-    @property
-    def computed(self) -> int:
-        return len(self._rows)
+    def keep(self, node: int, row: torch.Tensor) -> None:
+        """Keep logits computed elsewhere (the device walk's root row)."""
+        self._rows[node] = row
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def verify(target: Target, tree: Tree, cache: FullCache) -> Verified:
 def accept(tree: Tree, logits: torch.Tensor | NodeLogits, history: Sequence[int], cfg: SamplingConfig) -> Acceptance:
     """Walk the trie from the root; `history` holds the committed tokens (the root not included)."""
     tail = list(history[-cfg.context_length :])
-    node, path = 0, [int(tree.tokens[0])]
+    node, path = 0, [tree.token_ids[0]]
     nodes: list[int] = []
     while True:
         position = len(history) + len(path)  # absolute position of the token drawn now

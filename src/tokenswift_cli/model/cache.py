@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from tokenswift_cli.backends.transfer import upload
 from tokenswift_cli.config import ContextWindow
 
 
@@ -192,10 +193,13 @@ class FullCache(_PreallocatedCache):
         """
         count = len(kept)
         if list(kept) != list(range(count)):
+            offsets: dict[torch.device, torch.Tensor] = {}  # one upload per device, not per layer
             for layer in self.layer_list:
                 assert layer.keys is not None and layer.values is not None
-                stored = layer.stored
-                index = torch.tensor(kept, device=layer.keys.device) + stored  # [count]
+                stored, device = layer.stored, layer.keys.device
+                if device not in offsets:
+                    offsets[device] = upload(kept, torch.long, device)
+                index = offsets[device] + stored  # [count]
                 layer.keys[:, :, stored : stored + count] = layer.keys.index_select(2, index)
                 layer.values[:, :, stored : stored + count] = layer.values.index_select(2, index)
         for layer in self.layer_list:

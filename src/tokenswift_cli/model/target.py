@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tokenswift_cli.backends.select import backend_for
+from tokenswift_cli.backends.transfer import to_device
 from tokenswift_cli.model.cache import _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
 
@@ -80,9 +81,9 @@ class Target:
         start = cache.length if start is None else start
         if depths is None:
             depths = torch.arange(tokens.shape[0])
-        positions = (depths + start).to(self.device)[None]  # [1, q]
+        positions = to_device(depths + start, self.device)[None]  # [1, q]
         return self.backend.forward(
-            tokens.to(self.device), positions, cache, block_mask=block_mask, capture=capture, exact=exact
+            to_device(tokens, self.device), positions, cache, block_mask=block_mask, capture=capture, exact=exact
         )
 
     @torch.no_grad()

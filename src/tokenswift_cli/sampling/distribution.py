@@ -66,13 +66,17 @@ def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConf
     if cfg.suppress_token_ids:
         scores[list(cfg.suppress_token_ids)] = -float("inf")
     if cfg.scripts:
-        scores[_script_filter(cfg).banned(context[-4:].tolist()).to(scores.device)] = -float("inf")
+        scores.masked_fill_(_script_filter(cfg).banned(context[-4:].tolist()).to(scores.device), -float("inf"))
     if cfg.spacing:
-        scores[_spacing_rule(cfg).banned(context[-1:].tolist()).to(scores.device)] = -float("inf")
+        scores.masked_fill_(_spacing_rule(cfg).banned(context[-1:].tolist()).to(scores.device), -float("inf"))
     if cfg.dry_multiplier is not None:
         scores -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
-    window = context[-cfg.penalty_window :]  # [<= W]
-    window = window.to(scores.device)
+    return processed(scores, context[-cfg.penalty_window :].to(scores.device), cfg)
+
+
+def processed(scores: torch.Tensor, window: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The penalty over `window` `[<= W]`, then the warpers: `transformers`' processors. Every id in a context
+    is below the vocabulary: the model read it (`state.prefill` checks the prefix)."""
     processors = _processors(cfg)
     if all(type(processor) in _FAST_PROCESSORS for processor in processors):
         for processor in processors:
@@ -85,10 +89,9 @@ def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConf
 
 def _penalise(processor: RepetitionPenaltyLogitsProcessor, window: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """`RepetitionPenaltyLogitsProcessor`, in place on the window's entries only."""
-    ids = window[window < scores.shape[-1]]  # the processor drops ids beyond the scores
-    picked = scores.index_select(0, ids)
+    picked = scores.index_select(0, window)
     # A repeated id writes the same value each time: each is computed from the unpenalised score.
-    return scores.scatter_(0, ids, torch.where(picked < 0, picked * processor.penalty, picked / processor.penalty))
+    return scores.scatter_(0, window, torch.where(picked < 0, picked * processor.penalty, picked / processor.penalty))
 
 
 def _divide(processor: TemperatureLogitsWarper, window: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -133,7 +136,6 @@ def dry_penalties(context: torch.Tensor, vocab: int, cfg: SamplingConfig) -> tor
     many tokens before it match the ones before the end of the context. The token that followed it
     would extend the repeat: it loses multiplier * base^(length - allowed) when length >= allowed.
     """
-    assert cfg.dry_multiplier is not None
     penalties = torch.zeros(vocab, dtype=torch.float32, device=context.device)
     n = context.shape[0]
     if n < 2:
@@ -141,15 +143,52 @@ def dry_penalties(context: torch.Tensor, vocab: int, cfg: SamplingConfig) -> tor
     ends = torch.nonzero(context[:-1] == context[-1]).flatten()  # [m]
     if ends.numel() == 0:
         return penalties
-    back = torch.arange(min(DRY_MAX_MATCH, n - 1), device=context.device)  # [K]
-    earlier = ends[:, None] - back[None]  # [m, K]
-    same = (earlier >= 0) & (context[earlier.clamp(min=0)] == context[n - 1 - back][None])
-    length = same.long().cumprod(-1).sum(-1)  # [m]: matching tokens, the last one included
+    length = _repeat_lengths(context, ends)  # [m]
     hit = length >= cfg.dry_allowed_length
     if not bool(hit.any()):
         return penalties
-    amount = cfg.dry_multiplier * cfg.dry_base ** (length[hit] - cfg.dry_allowed_length).float()
+    amount = _dry_amounts(cfg, context.device)[length[hit]]
     return penalties.scatter_reduce(0, context[ends[hit] + 1], amount, "amax")
+
+
+def dry_penalties_on_device(context: torch.Tensor, vocab: int, cfg: SamplingConfig) -> torch.Tensor:
+    """`dry_penalties` without a host synchronisation: every position is a candidate end, the non-repeats
+    add nothing (penalties are positive, combined by max). The same values, bit for bit."""
+    penalties = torch.zeros(vocab, dtype=torch.float32, device=context.device)
+    n = context.shape[0]
+    if n < 2:
+        return penalties
+    ends = torch.arange(n - 1, device=context.device)  # [n - 1]
+    length = _repeat_lengths(context, ends)
+    hit = (context[:-1] == context[-1]) & (length >= cfg.dry_allowed_length)
+    amount = torch.where(hit, _dry_amounts(cfg, context.device)[length], 0.0)
+    return penalties.scatter_reduce(0, context[1:], amount, "amax")
+
+
+def _repeat_lengths(context: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Per candidate end `[m]`: how many tokens up to it match the ones up to the context's end (capped)."""
+    n = context.shape[0]
+    back = torch.arange(min(DRY_MAX_MATCH, n - 1), device=context.device)  # [K]
+    earlier = ends[:, None] - back[None]  # [m, K]
+    same = (earlier >= 0) & (context[earlier.clamp(min=0)] == context[n - 1 - back][None])
+    return same.long().cumprod(-1).sum(-1)  # [m]: matching tokens, the last one included
+
+
+@functools.lru_cache(maxsize=8)
+def _dry_amount_table(multiplier: float, base: float, allowed: int, device: str) -> torch.Tensor:
+    lengths = torch.arange(DRY_MAX_MATCH + 1, device=device)
+    return multiplier * base ** (lengths - allowed).float()  # [max + 1]; lengths below `allowed` are never read
+
+
+def _dry_amounts(cfg: SamplingConfig, device: torch.device) -> torch.Tensor:
+    """The penalty per repeat length, computed once: a gather, so both DRY versions give the same bits."""
+    assert cfg.dry_multiplier is not None
+    return _dry_amount_table(cfg.dry_multiplier, cfg.dry_base, cfg.dry_allowed_length, str(device))
+
+
+def xtc_picks(position: int, cfg: SamplingConfig) -> bool:
+    """Whether XTC's coin picks `position`: its own uniform under a salted seed."""
+    return cfg.xtc_probability is not None and position_uniform(cfg.seed, position, salt="xtc") < cfg.xtc_probability
 
 
 def exclude_top_choices(scores: torch.Tensor, position: int, cfg: SamplingConfig) -> torch.Tensor:
@@ -158,15 +197,16 @@ def exclude_top_choices(scores: torch.Tensor, position: int, cfg: SamplingConfig
     one continuation (a chant, a list) takes another good one. The coin is this position's own uniform
     under a salted seed: a function of the seed and the position alone, the same in plain and
     accelerated decoding, like every draw."""
-    assert cfg.xtc_probability is not None
-    if position_uniform(cfg.seed, position, salt="xtc") >= cfg.xtc_probability:
-        return scores
+    return excluded_top_choices(scores, cfg) if xtc_picks(position, cfg) else scores
+
+
+def excluded_top_choices(scores: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """XTC's exclusion at a picked position, without a host synchronisation."""
     probs = torch.softmax(scores.double(), dim=-1)
-    top = torch.nonzero(probs >= cfg.xtc_threshold).flatten()
-    if top.numel() < 2:
-        return scores
-    kept = top[probs[top].argmin()]  # the least likely of the top choices stays
-    return scores.index_fill(0, top[top != kept], -float("inf"))
+    top = probs >= cfg.xtc_threshold  # [vocab]
+    kept = torch.where(top, probs, float("inf")).argmin()  # the least likely of the top choices stays
+    drop = top.index_fill(0, kept[None], False) & (top.sum() >= 2)
+    return scores.masked_fill(drop, -float("inf"))
 
 
 def target_probs(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -182,8 +222,7 @@ def choose(logits: torch.Tensor, context: torch.Tensor, position: int, cfg: Samp
     scores = target_scores(logits, context, cfg)
     if cfg.greedy:
         return int(scores.argmax())
-    if cfg.xtc_probability is not None:
-        scores = exclude_top_choices(scores, position, cfg)
+    scores = exclude_top_choices(scores, position, cfg)
     u = position_uniform(cfg.seed, position)
     if scores.device.type != "cpu":  # the full CDF on the device: one host sync, where the shortcut takes three
         return _draw_full(scores, u)
@@ -222,6 +261,11 @@ def _draw_kept(tokens: list[int], scores: list[float], u: float) -> int | None:
 
 def _draw_full(scores: torch.Tensor, u: float) -> int:
     """The inverse CDF at `u` over the whole vocabulary, on the scores' device (one host sync: the token)."""
+    return int(inverse_cdf(scores, u))
+
+
+def inverse_cdf(scores: torch.Tensor, u: float | torch.Tensor) -> torch.Tensor:
+    """The token `[1]` at the uniform `u` (a float or a float64 `[1]` on the scores' device), left there."""
     cdf = torch.softmax(scores.double(), dim=-1).cumsum(0)  # [vocab]
     target = cdf[-1:] * u  # u * total, as a float64 product on the host would round it, without reading cdf
-    return int(torch.searchsorted(cdf, target).clamp_(max=cdf.shape[0] - 1))
+    return torch.searchsorted(cdf, target).clamp_(max=cdf.shape[0] - 1)

@@ -185,5 +185,8 @@ class ScriptFilter:
 
     def banned(self, context: Sequence[int]) -> torch.Tensor:
         """Bool `[vocab]`: the tokens that may not follow `context` (the path's last tokens)."""
-        tail = b"".join(self._vocabulary[t] if t < len(self._vocabulary) else b"" for t in context[-4:])
-        return self.banned_after(pending_bytes(tail))
+        return self.banned_after(self.state(context))
+
+    def state(self, context: Sequence[int]) -> bytes:
+        """What the mask after `context` depends on: the incomplete character its last tokens end with."""
+        return pending_bytes(b"".join(self._vocabulary[t] if t < len(self._vocabulary) else b"" for t in context[-4:]))

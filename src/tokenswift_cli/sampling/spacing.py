@@ -72,6 +72,14 @@ class SpacingRule:
 
     def banned(self, context: Sequence[int]) -> torch.Tensor:
         """Bool `[vocab]`: the tokens that may not follow `context` (the path's last tokens)."""
+        return self.banned_after(self.state(context))
+
+    def state(self, context: Sequence[int]) -> str:
+        """What the mask after `context` depends on: its last character is a mark, a small letter, or other."""
         last = self._vocabulary[context[-1]] if context and context[-1] < len(self._vocabulary) else b""
         char = last_char(last)
-        return self._banned["," if char and char in MARKS else "a" if char.islower() else ""]
+        return "," if char and char in MARKS else "a" if char.islower() else ""
+
+    def banned_after(self, state: str) -> torch.Tensor:
+        """Bool `[vocab]`: the tokens that may not follow a text in `state`."""
+        return self._banned[state]

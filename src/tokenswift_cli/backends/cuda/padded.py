@@ -37,6 +37,7 @@ from tokenswift_cli.backends.cuda.graphs import (
 )
 from tokenswift_cli.backends.lean import LeanBackend, Rotation, supports_lean
 from tokenswift_cli.backends.placement import execution_device
+from tokenswift_cli.backends.transfer import to_device
 from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
 
@@ -145,10 +146,10 @@ class PaddedBackend(LeanBackend):
         if block_mask is None:
             block_mask = torch.ones(count, count, dtype=torch.bool).tril()
         if self.graphs is not None and self.graphs.covers(count, cache, capture):
-            return self.graphs.forward(tokens, positions[0], cache, block_mask.to(self.device), capture)  # type: ignore[arg-type]
+            return self.graphs.forward(tokens, positions[0], cache, to_device(block_mask, self.device), capture)  # type: ignore[arg-type]
         row = None if capture is None else capture.row % count
         parts = [
-            self._piece(tokens, positions[0], cache, block_mask.to(self.device), begin, capture, row)
+            self._piece(tokens, positions[0], cache, to_device(block_mask, self.device), begin, capture, row)
             for begin in range(0, count, self.rows)
         ]
         if len(parts) == 1:

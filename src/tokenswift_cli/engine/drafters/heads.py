@@ -7,6 +7,7 @@ after the root's context, so the candidates look like the target's draws.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -26,10 +27,14 @@ def top_tokens(
     sampling: SamplingConfig,
 ) -> tuple[tuple[int, ...], ...]:
     """Top-w tokens of each row of `logits` (`[rows, vocab]`) under the target's processing after `context`."""
-    return tuple(
-        tuple(target_scores(row, context, sampling).topk(width).indices.tolist())
-        for row, width in zip(logits, widths, strict=False)
-    )
+    ranked = [
+        target_scores(row, context, sampling).topk(width).indices for row, width in zip(logits, widths, strict=False)
+    ]
+    if not ranked:
+        return ()
+    flat = torch.cat(ranked).tolist()  # one read-back for every row
+    starts = [0, *itertools.accumulate(len(r) for r in ranked)]
+    return tuple(tuple(flat[a:b]) for a, b in itertools.pairwise(starts))
 
 
 def head_logits(target: Target, heads: DraftHeads, pre_norm: torch.Tensor) -> torch.Tensor:

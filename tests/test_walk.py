@@ -1,0 +1,116 @@
+"""The acceptance walk on the device (engine/walk.py) draws the host walk's tokens, bit for bit, with one read-back."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from helpers import first_divergence, random_heads, random_prompt, tiny_target
+
+from tokenswift_cli.bench.host_syncs import counting
+from tokenswift_cli.config import RunConfig, SamplingConfig
+from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.engine.tree import TreeBuilder
+from tokenswift_cli.engine.verify import NodeLogits, accept
+from tokenswift_cli.engine.walk import WALK, accept_on_device
+from tokenswift_cli.sampling.scripts import ScriptFilter
+from tokenswift_cli.sampling.spacing import SpacingRule
+
+VOCAB = 48
+PIECES = [b" the", b"the", b",", b"!", b"a", b"B", b"\xc3", b"\xa9", "\uff28".encode()[:2], "\uff28".encode()[2:]]
+PIECES += [bytes([97 + i % 26]) * (1 + i % 3) for i in range(VOCAB - len(PIECES))]
+
+
+class RowTable:
+    """An output head that returns a fixed row per node: hidden states are one-hot node ids."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table  # [nodes, vocab], finite
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.table[hidden.argmax(-1)]
+
+
+def random_case(rng: random.Random, generator: torch.Generator):  # type: ignore[no-untyped-def]
+    builder = TreeBuilder(rng.randrange(VOCAB))
+    for _ in range(rng.randrange(1, 12)):
+        builder.add([rng.randrange(12) for _ in range(rng.randrange(1, 6))], from_ngram=rng.random() < 0.3)
+    tree = builder.build()
+    table = torch.randn(tree.size, VOCAB, generator=generator) * 2
+    for node, children in enumerate(tree.children):  # children likely: the walks go deep
+        for token in children:
+            table[node, token] += rng.choice([0.0, 3.0, 6.0])
+    history = [rng.randrange(12) for _ in range(rng.randrange(2, 60))]  # repeats: DRY and the penalty bite
+    hidden = torch.eye(tree.size)
+    return tree, NodeLogits(RowTable(table), tree, hidden), history  # type: ignore[arg-type]
+
+
+CONFIGS = {
+    "greedy": SamplingConfig(),
+    "greedy penalty": SamplingConfig(penalty=1.5, penalty_window=8),
+    "paper": SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=16, seed=3),
+    "top-k top-p": SamplingConfig(temperature=0.7, top_k=6, top_p=0.9, seed=1),
+    "dry suppress": SamplingConfig(
+        temperature=1.0, dry_multiplier=0.8, dry_range=24, suppress_token_ids=(1, 5), seed=2
+    ),
+    "xtc": SamplingConfig(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.05, seed=4),
+    "greedy xtc": SamplingConfig(xtc_probability=0.9, xtc_threshold=0.05),  # greedy draws ignore XTC
+    "scripts spacing": SamplingConfig(
+        temperature=1.3, min_p=0.05, penalty=1.1, scripts=("latin",), spacing=True, seed=5,
+        script_filter=ScriptFilter(("latin",), PIECES, VOCAB), spacing_rule=SpacingRule(PIECES, VOCAB),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_device_walk_draws_the_host_walks_tokens(name: str) -> None:
+    cfg, rng, generator = CONFIGS[name], random.Random(name), torch.Generator().manual_seed(len(name))
+    deepest = 0
+    for _ in range(60):
+        tree, logits, history = random_case(rng, generator)
+        host = accept(tree, logits, history, cfg)
+        device = accept_on_device(tree, logits, history, cfg)
+        assert device == host, f"{name}: host {host}, device {device}"
+        deepest = max(deepest, len(host.nodes))
+    assert deepest >= 2  # the cases reach below the first level
+
+
+def test_the_device_walk_reads_back_once() -> None:
+    rng, generator = random.Random(0), torch.Generator().manual_seed(0)
+    for cfg in CONFIGS.values():
+        tree, logits, history = random_case(rng, generator)
+        with counting() as counts:
+            accept_on_device(tree, logits, history, cfg)
+        assert counts.total_syncs == 1, f"{cfg}: {dict(counts.sync_ops)}"
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(),
+        SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=0),
+        SamplingConfig(temperature=1.0, min_p=0.05, dry_multiplier=0.8, dry_range=96, seed=4),
+    ],
+    ids=["greedy", "paper", "dry"],
+)
+def test_tokenswift_walked_on_the_device_equals_plain(sampling: SamplingConfig, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    target = tiny_target("llama-gqa")
+    heads, prompt = random_heads(target), random_prompt(120)
+    cfg = RunConfig(max_new_tokens=120, sampling=sampling)
+    monkeypatch.setenv(WALK, "host")
+    plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    monkeypatch.setenv(WALK, "device")
+    fast, stats = generate_tokens(target, heads, prompt, cfg)
+    plain_on_device, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+    assert first_divergence(fast, plain) is None and plain_on_device == plain
+    assert stats.iterations < len(plain)  # drafts were accepted
+
+
+def test_a_filter_missing_its_tokenizer_fails_the_same_way_on_the_device() -> None:
+    rng, generator = random.Random(1), torch.Generator().manual_seed(1)
+    tree, logits, history = random_case(rng, generator)
+    cfg = dataclasses.replace(CONFIGS["paper"], scripts=("latin",))
+    with pytest.raises(ValueError, match="needs the tokenizer"):
+        accept_on_device(tree, logits, history, cfg)
