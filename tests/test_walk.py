@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from conftest import VOCAB as TINY_VOCAB
 from helpers import first_divergence, random_heads, random_prompt, tiny_target
 
 from tokenswift_cli.bench.host_syncs import counting
@@ -114,3 +115,13 @@ def test_a_filter_missing_its_tokenizer_fails_the_same_way_on_the_device() -> No
     cfg = dataclasses.replace(CONFIGS["paper"], scripts=("latin",))
     with pytest.raises(ValueError, match="needs the tokenizer"):
         accept_on_device(tree, logits, history, cfg)
+
+
+@pytest.mark.parametrize("bad", [TINY_VOCAB, -1])
+def test_a_prefix_past_the_vocabulary_is_refused_in_one_line(bad: int) -> None:
+    from tokenswift_cli.config import ConfigError
+    from tokenswift_cli.engine.state import prefill
+
+    target = tiny_target("llama-gqa")
+    with pytest.raises(ConfigError, match=f"token id {bad}, outside the model's vocabulary"):
+        prefill(target, [1, 2, bad], RunConfig(max_new_tokens=4))

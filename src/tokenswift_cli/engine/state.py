@@ -121,6 +121,7 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     if not prompt:
         raise ValueError("the prefix must hold at least one token")
     tokens = [int(t) for t in prompt]
+    _check_ids(tokens, target.model.get_input_embeddings().num_embeddings)
     if cfg.context_window is not None and not target.lean:
         raise ConfigError("a context window needs a llama, qwen2 or mistral model with full attention")
     full = FullCache(
@@ -136,8 +137,7 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
             full.commit(range(chunk.shape[0]))
             full.evict()
         logits = target.logits(forward.hidden[-1])
-    if max(tokens) >= logits.shape[-1]:  # the sampler's penalty indexes the scores with the context's ids
-        raise ConfigError(f"the prefix holds token id {max(tokens)}, past the model's {logits.shape[-1]} logits")
+    _check_ids(tokens, logits.shape[-1])  # the sampler's penalty indexes the scores with the context's ids
     context = torch.tensor(tokens[-cfg.sampling.context_length :])
     root = choose(logits, context, len(tokens), cfg.sampling)
     partial = None
@@ -154,3 +154,9 @@ def prefill(target: Target, prompt: Sequence[int], cfg: RunConfig) -> Generation
     state._refresh_partial(capture.ordered(), cfg, start=len(tokens))
     memory.trim()  # the chunks' temporaries are not needed again
     return state
+
+
+def _check_ids(tokens: Sequence[int], vocabulary: int) -> None:
+    if max(tokens) >= vocabulary or min(tokens) < 0:
+        bad = max(tokens) if max(tokens) >= vocabulary else min(tokens)
+        raise ConfigError(f"the prefix holds token id {bad}, outside the model's vocabulary of {vocabulary}")
