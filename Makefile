@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "from tokenswift_cli.backends.cpu import kernels; kernels.available()"
 	touch $(STAMP)
 
+# Two pytest-xdist workers, one torch thread each (tests/conftest.py), whole files per worker so that a
+# file's model and launcher fixtures are built once: `make test PYTEST_WORKERS=0` runs in one process.
+PYTEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 demo: install
 	$(VENV)/bin/tokenswift write --prefix prompts/lighthouse-keeper.txt --tokens $(TOKENS)

@@ -33,6 +33,7 @@ from tokenswift_cli.runs import store
 
 PHASES = ("loading", "prefill", "checkpoint", "generation")
 SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}
+STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
 # ---- processes ----
@@ -70,7 +71,9 @@ class Launcher:
         if not cold:
             argv = [sys.executable, str(Path(__file__).resolve())]
             self._server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            assert self._reply(600.0) == {"ready": True}
+            ready = self._reply(600.0)
+            if ready != {"ready": True}:
+                raise RuntimeError(f"the launcher did not start in 600 s (it answered {ready!r})")
 
     def start(self, args: list[str], *, out: Path, err: Path) -> Child:
         if self._server is None:
@@ -79,14 +82,17 @@ class Launcher:
                 popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
             return Child(popen.pid, popen=popen)
         self._send({"op": "run", "args": args, "out": str(out), "err": str(err)})
-        return Child(self._reply(60.0)["pid"], launcher=self)
+        started = self._reply(600.0)
+        if started is None:
+            raise RuntimeError(f"the launcher did not fork `tokenswift {' '.join(args)}` in 600 s")
+        return Child(started["pid"], launcher=self)
 
     def wait(self, pid: int, timeout: float) -> int | None:
         self._send({"op": "wait", "pid": pid})
         reply = self._reply(timeout)
         if reply is None:  # hung: kill it, then the launcher reaps it
             os.kill(pid, signal.SIGKILL)
-            self._reply(60.0)
+            self._reply(600.0)
             return None
         return int(reply["status"])
 
@@ -125,9 +131,12 @@ def serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if request["op"] == "run":
+            # A stop may come as soon as the pid is known: the child holds it until its handlers are in place.
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
             pid = os.fork()
             if pid == 0:
                 _child(request)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
             reply = {"pid": pid}
         else:
             reply = {"status": os.waitstatus_to_exitcode(os.waitpid(request["pid"], 0)[1])}
@@ -138,6 +147,7 @@ def _child(request: dict[str, Any]) -> None:
     """Run `tokenswift ARGS` in this forked process, as `python -m tokenswift_cli ARGS` would; never returns."""
     code = 1
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # a stop sent meanwhile arrives here, inside the try
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, name in ((1, "out"), (2, "err")):
             os.dup2(os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
@@ -156,7 +166,7 @@ def _child(request: dict[str, Any]) -> None:
         # A late Ctrl-C must not return this fork into the launcher's loop: exit, whatever is raised meanwhile.
         while True:
             try:
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+                signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
                 for stream in (sys.stdout, sys.stderr):
                     with contextlib.suppress(OSError, ValueError):
                         stream.flush()
@@ -177,7 +187,9 @@ class Sweep:
     seconds: float  # an uninterrupted write's duration: kills are timed within it
     sig: str = "kill"
     max_kills: int = 4
-    timeout: float = 300.0
+    timeout: float = 600.0  # a safety net for a hung process, not a measure: any loaded machine is far inside it
+    min_kills: int = 0  # a trial whose runs all ended before their stops starts over, this many times at most:
+    attempts: int = 1  # with min_kills 1 and enough attempts, every trial stops a run (tests/test_faults.py)
 
 
 @dataclass(frozen=True)
@@ -286,21 +298,30 @@ def _step(launcher: Launcher, sweep: Sweep, trial: Trial, rng: random.Random, ru
 
 
 def run_trial(launcher: Launcher, sweep: Sweep, *, index: int, seed: int, root: Path) -> Trial:
-    """One run, stopped and resumed until done (or failed); its text compared with the reference."""
+    """One run, stopped and resumed until done (or failed); its text compared with the reference.
+
+    A stop that comes after its run ended stops nothing (a loaded machine can be that slow to watch);
+    while fewer than `min_kills` stops landed, the trial writes a new run, `attempts` runs at most."""
     trial, rng = Trial(index, seed), random.Random(seed)
-    runs_dir = root / f"trial-{index:04d}"
     try:
-        for _ in range(sweep.max_kills + 4):
-            if _step(launcher, sweep, trial, rng, runs_dir):
+        for attempt in range(max(1, sweep.attempts)):
+            runs_dir = root / f"trial-{index:04d}" / f"attempt-{attempt}"
+            runs_dir.parent.mkdir(parents=True, exist_ok=True)
+            for _ in range(sweep.max_kills + 4):
+                if _step(launcher, sweep, trial, rng, runs_dir):
+                    break
+            else:
+                raise AssertionError(f"the run did not finish (attempt {attempt})")
+            run = latest_run(runs_dir)
+            if run is None or store.run_state(run) != "done":
+                raise AssertionError(f"{run} is not done (attempt {attempt})")
+            trial.identical = (run / store.TEXT).read_bytes() == sweep.reference
+            if not trial.identical:
+                raise AssertionError(f"the text of {run} differs from the uninterrupted run's")
+            if len(trial.kills) >= sweep.min_kills:
                 break
         else:
-            raise AssertionError("the run did not finish")
-        run = latest_run(runs_dir)
-        if run is None or store.run_state(run) != "done":
-            raise AssertionError("the run is not done")
-        trial.identical = (run / store.TEXT).read_bytes() == sweep.reference
-        if not trial.identical:
-            raise AssertionError(f"the text of {run} differs from the uninterrupted run's")
+            raise AssertionError(f"{sweep.attempts} runs ended before any of their stops came")
     except AssertionError as error:
         trial.failure = str(error)
     return trial

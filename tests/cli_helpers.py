@@ -103,14 +103,18 @@ def start_blocked_writer(*args: object) -> tuple[subprocess.Popen[bytes], int]:
     return process, read
 
 
-def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 900.0) -> None:
+    """Wait until `path` exists (a state of the run, whatever the machine's load); the timeout only ends a hang."""
     deadline = time.monotonic() + timeout
     while not path.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"the process ended ({process.returncode}) before {path} appeared")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError(f"{path} did not appear in {timeout} s")
+        if process.poll() is not None or time.monotonic() > deadline:
+            ended = process.poll() is not None
+            if not ended:
+                process.kill()
+            stderr = process.stderr.read().decode(errors="replace")[-2000:] if process.stderr else ""
+            folder = sorted(p.name for p in path.parent.iterdir()) if path.parent.is_dir() else "no folder"
+            what = f"the process ended ({process.returncode})" if ended else f"{timeout:.0f} s passed"
+            raise AssertionError(f"{what} before {path.name} appeared; {path.parent}: {folder}; stderr: {stderr}")
         time.sleep(0.02)
 
 

@@ -56,11 +56,22 @@ def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def test_threads() -> int:
+    """Torch threads per test process: TOKENSWIFT_TEST_THREADS if set (1 keeps the tests off a core another
+    job is using), else the cores shared out among pytest-xdist's workers (`make test` runs two), at least 1."""
+    if "TOKENSWIFT_TEST_THREADS" in os.environ:
+        return int(os.environ["TOKENSWIFT_TEST_THREADS"])
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, min(2, (os.cpu_count() or 1) // workers))
+
+
+test_threads.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("TOKENSWIFT_HOME", str(tmp_path / "home"))
-    # Another job on the machine? TOKENSWIFT_TEST_THREADS=1 keeps the tests off its core.
-    torch.set_num_threads(int(os.environ.get("TOKENSWIFT_TEST_THREADS", "2")))
+    monkeypatch.setenv("TOKENSWIFT_HOME", str(tmp_path / "home"))  # tmp_path: per test, per xdist worker
+    torch.set_num_threads(test_threads())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

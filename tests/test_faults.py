@@ -75,15 +75,14 @@ def test_stopped_at_random_moments_a_run_resumes_to_the_same_text(
 ) -> None:
     launcher, config = sweep
     seed = {"kill": 1000, "int": 2000, "term": 3000}[sig]
-    trials = faults.sweep(
-        launcher, dataclasses.replace(config, sig=sig), trials=TRIALS[sig], seed=seed, root=tmp_path
-    )  # fmt: skip
+    # Every trial stops a run at least once: one whose runs all ended before their stops writes another.
+    stopping = dataclasses.replace(config, sig=sig, min_kills=1, attempts=10)
+    trials = faults.sweep(launcher, stopping, trials=TRIALS[sig], seed=seed, root=tmp_path)
     totals = faults.summary(trials)
     print(sig, totals)
     failed = [f"trial {t.index} (seed {t.seed}): {t.failure}; kills {t.kills}" for t in trials if t.failure]
     assert not failed, "\n".join(failed)
-    # A stop may come too late (the run is done): the totals say how often, should this ever fail.
-    assert totals["identical"] == TRIALS[sig] and totals["kills"] > 0, totals
+    assert totals["identical"] == TRIALS[sig] and totals["kills"] >= TRIALS[sig], (totals, [t.kills for t in trials])
 
 
 def test_stopped_before_its_first_checkpoint_and_marked_failed_a_run_resumes(
@@ -237,8 +236,8 @@ def test_a_build_lock_left_by_a_killed_load_is_taken_over() -> None:
     try:
         loading = threading.Thread(target=kernels.load.__wrapped__, daemon=True)
         loading.start()
-        loading.join(120)
-        assert not loading.is_alive(), "the load waits for a dead process's lock"
+        loading.join(600)  # a safety net, not a measure: the load returns at once once it takes the lock over
+        assert not loading.is_alive(), f"the load still waits after 600 s; the stale lock exists: {stale.exists()}"
         assert not stale.exists()
     finally:
         stale.unlink(missing_ok=True)  # never leave it to hang the next load

@@ -6,7 +6,6 @@ A folder without tokenizer files loads with `tokenizer=None`; the default model 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -270,19 +269,9 @@ def default_loads(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TOKENSWIFT_CACHE", str(cache))
         mp.setattr(loading, "_convert_gguf", spy)
-        start = time.perf_counter()
         first = load_model(ModelSpec(weights="dense"))
-        middle = time.perf_counter()
         second = load_model(ModelSpec(weights="dense"))
-        end = time.perf_counter()
-    return SimpleNamespace(
-        first=first,
-        second=second,
-        converted=converted,
-        cache=cache,
-        first_seconds=middle - start,
-        second_seconds=end - middle,
-    )
+    return SimpleNamespace(first=first, second=second, converted=converted, cache=cache)
 
 
 @pytest.mark.slow
@@ -294,7 +283,6 @@ def test_default_model_is_converted_once_then_cached(default_loads: SimpleNamesp
     assert second.source == first.source and (folder / "model.safetensors").is_file()
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temporary folder left
     assert second.fingerprint == first.fingerprint
-    assert default_loads.second_seconds < 5 and default_loads.second_seconds < default_loads.first_seconds / 3
     info = describe(second)
     assert info["name"] == "default" and info["type"] == "llama"
     assert (info["layers"], info["hidden_size"], info["heads"], info["kv_heads"]) == (30, 576, 9, 3)
@@ -317,7 +305,28 @@ def test_cached_copy_gives_the_same_logits_as_the_gguf_conversion(default_loads:
 
 
 @pytest.mark.slow
-def test_fingerprint_of_the_default_model_is_fast(default_loads: SimpleNamespace) -> None:
-    start = time.perf_counter()
-    assert folder_fingerprint(Path(default_loads.first.source)) == default_loads.first.fingerprint
-    assert time.perf_counter() - start < 1.0
+def test_fingerprint_of_the_default_model_reads_samples_not_the_weights(
+    default_loads: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cheap whatever the machine's load: it reads a header and a few bytes per tensor, not ~500 MB."""
+    folder = Path(default_loads.first.source)
+    read: dict[str, int] = {}
+    real_open = Path.open
+
+    def counting_open(path: Path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        handle = real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+        real_read = handle.read
+
+        def counted(*a: object) -> object:
+            data = real_read(*a)
+            read[path.name] = read.get(path.name, 0) + len(data)
+            return data
+
+        handle.read = counted  # type: ignore[method-assign]
+        return handle
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    assert folder_fingerprint(folder) == default_loads.first.fingerprint
+    monkeypatch.undo()
+    weights = (folder / "model.safetensors").stat().st_size
+    assert 0 < read.get("model.safetensors", 0) < weights // 100, (read, weights)

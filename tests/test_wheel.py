@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import test_threads
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -118,7 +119,7 @@ def test_the_wheel_writes_with_its_heads_and_kernels() -> None:
         (cache / "models").symlink_to(cache_dir() / "models", target_is_directory=True)
         (elsewhere / "prefix.txt").write_text("The lighthouse keeper climbed the stairs at dusk.\n")
         env = _clean_env(TOKENSWIFT_HOME=str(home), TOKENSWIFT_CACHE=str(cache))
-        threads = os.environ.get("TOKENSWIFT_TEST_THREADS", "2")
+        threads = str(test_threads())
         write = [venv / "bin" / "tokenswift", "write", "--prefix", "prefix.txt", "--tokens", "16", "--threads", threads]
         stderr = _run(write, cwd=elsewhere, env=env)
 
