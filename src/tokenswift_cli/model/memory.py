@@ -111,7 +111,7 @@ def give_back_large_blocks() -> None:
 
     glibc raises that threshold up to 32 MiB once such a block is freed, after which a run's large
     temporaries (a checkpoint's buffers, a tree's scores) stay in the heap: ~30 MiB of a run's
-    resident set (benchmarks/README.md). Fixing it costs nothing measurable: a step's own
+    resident set (benchmarks/record/performance.md). Fixing it costs nothing measurable: a step's own
     temporaries are smaller.
     """
     libc = _libc()

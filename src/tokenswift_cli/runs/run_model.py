@@ -132,7 +132,7 @@ def fit_window(config: RunConfig, spec: ModelSpec, target: Target, prefix: int) 
         return config.replace(window=None)
     # A long run's prefill in short chunks: a 512-token chunk over a 4K window held ~300 MiB of
     # attention temporaries at its peak, a 128-token one ~50 MiB, a 64-token one half that, for 3%
-    # more prefill time (measured: benchmarks/README.md).
+    # more prefill time (measured: benchmarks/record/performance.md).
     return config.replace(window=choice, prefill_chunk=min(config.prefill_chunk, WINDOWED_PREFILL_CHUNK))
 
 
