@@ -1,6 +1,6 @@
 """A step of the embedded 4-bit model over a float32 and a float16 KV cache, interleaved in one process.
 
-    python benchmarks/kv_cache.py --contexts 8192,32768 --window 0 --threads 1 --out benchmarks/kv-cache.json
+    python benchmarks/kv_cache.py --contexts 8192,32768 --window 0 --threads 1 --out kv-cache.json
 
 Prefills the first N tokens of a book once (float32 storage), copies the cache into float16 storage
 (rounded as a run would store it), then times, alternately on each cache, a plain step (one token and

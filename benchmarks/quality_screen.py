@@ -11,7 +11,7 @@ gives per run the degenerate share of its 500-token stretches, the judge's NLL b
 Distinct-1..4, repeated sentences, tokens/s and tokens per step. Example (the issue's first screen):
 
     .venv/bin/python benchmarks/quality_screen.py --runs-dir runs/screen --tokens 32k --seeds 1 2 3 \\
-        --setting defaults= --setting t0.85='--temperature 0.85' --json benchmarks/quality-screen.json
+        --setting defaults= --setting t0.85='--temperature 0.85' --json /tmp/quality-screen.json
 
 Runs use one thread (--threads) so two screens can share a 2-core machine; nothing here is timed
 against anything else, so tokens/s is only indicative.
