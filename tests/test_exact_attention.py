@@ -62,8 +62,7 @@ def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(
 
 
 WINDOW = ContextWindow(size=64, sinks=4)
-# The tiny MHA llama under a window parts from plain decoding after ~37 tokens: a known gap (README).
-CASES = [(f, None) for f in ("llama-mha", "llama-gqa", "qwen2")] + [(f, WINDOW) for f in ("llama-gqa", "qwen2")]
+CASES = [(f, w) for w in (None, WINDOW) for f in ("llama-mha", "llama-gqa", "qwen2")]
 
 
 @pytest.mark.parametrize(("family", "window"), CASES, ids=[f"{f}-{'window' if w else 'full'}" for f, w in CASES])
