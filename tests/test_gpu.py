@@ -21,7 +21,7 @@ from tokenswift_cli.data import DEFAULT_TEXT
 from tokenswift_cli.engine.decode import generate, generate_tokens
 from tokenswift_cli.engine.state import prefill
 from tokenswift_cli.engine.tree import build_tree
-from tokenswift_cli.engine.walk import WALK
+from tokenswift_cli.engine.walk import WALK, _WalkGraphs
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.runs.checkpoint import Checkpointer, read_manifest, restore
 from tokenswift_cli.runs.textstream import StreamState
@@ -126,12 +126,18 @@ def test_tokenswift_equals_plain_on_a_medium_model(sampling: SamplingConfig) -> 
     assert divergence is None
 
 
-DRY = SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.1, dry_multiplier=0.8, dry_range=96, seed=4)
+WALKS = {  # windows the 150-token prompt fills: the walks replay CUDA graphs
+    "greedy": SamplingConfig(penalty_window=64),
+    "paper": SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64, seed=0),
+    "dry": SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.1, penalty_window=64, dry_multiplier=0.8,
+                          dry_range=96, seed=4),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, PAPER, DRY], ids=["greedy", "paper", "dry"])
+@pytest.mark.parametrize("sampling", list(WALKS.values()), ids=list(WALKS))
 def test_the_walk_on_the_device_draws_the_host_walks_tokens(sampling: SamplingConfig, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Plain decoding walked on the host, TokenSwift walked on the device (one read-back): the same text."""
+    """Plain decoding walked on the host, TokenSwift walked on the device from CUDA graphs (one read-back):
+    the same text."""
     target = on_cuda(tiny_model("llama-gqa"), torch.bfloat16)
     heads, prompt = random_heads(target).to(device=target.device, dtype=target.dtype), random_prompt(150)
     cfg = RunConfig(max_new_tokens=200, sampling=sampling, prefill_chunk=32)
@@ -140,6 +146,8 @@ def test_the_walk_on_the_device_draws_the_host_walks_tokens(sampling: SamplingCo
     monkeypatch.setenv(WALK, "device")
     fast, stats = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig(tree=(1, 3, 3, 3))))
     assert first_divergence(fast, plain) is None and stats.iterations < len(plain)
+    captured = _WalkGraphs.of(target, target.device).captured
+    assert captured and all(graph is not None for graph, _, _ in captured.values())
 
 
 def test_draws_on_the_device_are_the_draws_on_the_cpu() -> None:

@@ -2,7 +2,7 @@
 synchronisations and eager ops per iteration stay within budgets (upper bounds: on a CPU every tensor is
 on the host). The budgets are today's counts: a change that adds a sync to the loop fails here. Before the
 walk on the device (engine/walk.py) and the drafts' single read-back: plain 2 (greedy) and 5 (paper), draft pass
-9 and 18 syncs per iteration."""
+9 and 18 syncs per iteration, and 25 / 40 / 220 / 290 eager ops."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tokenswift_cli.model.target import Target
 
 PAPER = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024, seed=0)
 ITERATIONS = 8
+PROMPT = 1100  # past the sampler's 1,024-token window: the walk replays a graph (uncaptured here)
 
 
 def per_iteration(sampling: SamplingConfig, mode: str, monkeypatch: pytest.MonkeyPatch) -> tuple[float, float, dict]:
@@ -33,7 +34,7 @@ def per_iteration(sampling: SamplingConfig, mode: str, monkeypatch: pytest.Monke
     cfg = RunConfig(max_new_tokens=60, sampling=sampling, mode=mode, prefill_chunk=64)
     if mode == "tokenswift":
         cfg = cfg.replace(draft=cfg.draft.drafting("pass"))
-    state = prefill(target, random_prompt(150), cfg)
+    state = prefill(target, random_prompt(PROMPT), cfg)
     steps = generate(target, heads, state, cfg)
     for _ in range(2):  # graphs' buffers, first captures
         next(steps)
@@ -46,10 +47,10 @@ def per_iteration(sampling: SamplingConfig, mode: str, monkeypatch: pytest.Monke
 @pytest.mark.parametrize(
     ("name", "sampling", "mode", "syncs", "ops"),
     [
-        ("plain greedy", SamplingConfig(), "plain", 1, 35),  # the walk's read-back
-        ("plain paper", PAPER, "plain", 1, 50),
-        ("draft pass greedy", SamplingConfig(), "tokenswift", 2, 270),  # + the drafts' read-back
-        ("draft pass paper", PAPER, "tokenswift", 2, 380),
+        ("plain greedy", SamplingConfig(), "plain", 1, 30),  # the walk's read-back
+        ("plain paper", PAPER, "plain", 1, 30),
+        ("draft pass greedy", SamplingConfig(), "tokenswift", 2, 130),  # + the drafts' read-back
+        ("draft pass paper", PAPER, "tokenswift", 2, 170),
     ],
 )
 def test_an_iteration_stays_within_its_host_budget(  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ import torch
 from conftest import VOCAB as TINY_VOCAB
 from helpers import first_divergence, random_heads, random_prompt, tiny_target
 
+from tokenswift_cli.backends.cuda.graphs import GRAPHS
 from tokenswift_cli.bench.host_syncs import counting
 from tokenswift_cli.config import RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
@@ -48,28 +49,31 @@ def random_case(rng: random.Random, generator: torch.Generator):  # type: ignore
     return tree, NodeLogits(RowTable(table), tree, hidden), history  # type: ignore[arg-type]
 
 
-CONFIGS = {
-    "greedy": SamplingConfig(),
+CONFIGS = {  # short windows: most histories fill them, so the walks run at a graph's fixed shapes too
+    "greedy": SamplingConfig(penalty_window=16),
     "greedy penalty": SamplingConfig(penalty=1.5, penalty_window=8),
     "paper": SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=16, seed=3),
-    "top-k top-p": SamplingConfig(temperature=0.7, top_k=6, top_p=0.9, seed=1),
+    "top-k top-p": SamplingConfig(temperature=0.7, top_k=6, top_p=0.9, penalty_window=16, seed=1),
     "dry suppress": SamplingConfig(
-        temperature=1.0, dry_multiplier=0.8, dry_range=24, suppress_token_ids=(1, 5), seed=2
+        temperature=1.0, dry_multiplier=0.8, dry_range=24, penalty_window=16, suppress_token_ids=(1, 5), seed=2
     ),
-    "xtc": SamplingConfig(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.05, seed=4),
-    "greedy xtc": SamplingConfig(xtc_probability=0.9, xtc_threshold=0.05),  # greedy draws ignore XTC
+    "xtc": SamplingConfig(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.05, penalty_window=16, seed=4),
+    "greedy xtc": SamplingConfig(xtc_probability=0.9, xtc_threshold=0.05, penalty_window=16),  # greedy ignores XTC
     "scripts spacing": SamplingConfig(
-        temperature=1.3, min_p=0.05, penalty=1.1, scripts=("latin",), spacing=True, seed=5,
+        temperature=1.3, min_p=0.05, penalty=1.1, penalty_window=16, scripts=("latin",), spacing=True, seed=5,
         script_filter=ScriptFilter(("latin",), PIECES, VOCAB), spacing_rule=SpacingRule(PIECES, VOCAB),
     ),
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("graphs", ["0", "body"], ids=["eager", "graph-body"])
 @pytest.mark.parametrize("name", CONFIGS)
-def test_the_device_walk_draws_the_host_walks_tokens(name: str) -> None:
+def test_the_device_walk_draws_the_host_walks_tokens(name: str, graphs: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Eagerly, and as a graph runs it: the trie padded to a graph's size once the history fills the window."""
+    monkeypatch.setenv(GRAPHS, graphs)
     cfg, rng, generator = CONFIGS[name], random.Random(name), torch.Generator().manual_seed(len(name))
     deepest = 0
-    for _ in range(60):
+    for _ in range(40):
         tree, logits, history = random_case(rng, generator)
         host = accept(tree, logits, history, cfg)
         device = accept_on_device(tree, logits, history, cfg)

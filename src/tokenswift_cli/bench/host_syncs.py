@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tokenswift_cli.backends.cuda import graphs
-from tokenswift_cli.engine import metrics
+from tokenswift_cli.engine import metrics, walk
 
 FREE = frozenset({  # ops that launch no kernel: views, metadata, aliasing, host-side creation
     "view", "_unsafe_view", "reshape", "transpose", "t", "expand", "slice", "select", "unsqueeze", "squeeze",
@@ -83,10 +83,12 @@ def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
 
 @contextlib.contextmanager
 def counting() -> Iterator[Counts]:
-    """Count inside the block; graph bodies (`StepGraphs._body`) are left out, phases taken from `Stats.phase`."""
+    """Count inside the block; graph bodies (`StepGraphs._body`, a walk's replay: one op) are left out, phases
+    taken from `Stats.phase`."""
     counts = Counts()
     counter = _Counter(counts)
     body, phase, tolist = graphs.StepGraphs._body, metrics.Stats.phase, torch.Tensor.tolist
+    replay = walk._WalkGraphs._replay
 
     def uncounted_body(self: graphs.StepGraphs, *args: Any, **kwargs: Any) -> None:
         counter.paused += 1
@@ -94,6 +96,14 @@ def counting() -> Iterator[Counts]:
             body(self, *args, **kwargs)
         finally:
             counter.paused -= 1
+
+    def uncounted_replay(*args: Any) -> Any:  # one launch on a GPU, whatever the body holds
+        counter.paused += 1
+        try:
+            return replay(*args)
+        finally:
+            counter.paused -= 1
+            counter.counts.eager_ops[counter.phase] += 1
 
     @contextlib.contextmanager
     def named(self: metrics.Stats, name: str, device: torch.device | None = None) -> Iterator[None]:
@@ -109,6 +119,7 @@ def counting() -> Iterator[Counts]:
         return tolist(self)
 
     graphs.StepGraphs._body = uncounted_body  # type: ignore[method-assign]
+    walk._WalkGraphs._replay = staticmethod(uncounted_replay)  # type: ignore[method-assign,assignment]
     metrics.Stats.phase = named  # type: ignore[method-assign,assignment]
     torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign]
     try:
@@ -116,5 +127,6 @@ def counting() -> Iterator[Counts]:
             yield counts
     finally:
         graphs.StepGraphs._body = body  # type: ignore[method-assign]
+        walk._WalkGraphs._replay = staticmethod(replay)  # type: ignore[method-assign,assignment]
         metrics.Stats.phase = phase  # type: ignore[method-assign]
         torch.Tensor.tolist = tolist  # type: ignore[method-assign]

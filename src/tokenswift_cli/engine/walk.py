@@ -16,13 +16,17 @@ bit (tests/test_walk.py).
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from tokenswift_cli.backends.cuda.graphs import GRAPHS
 from tokenswift_cli.backends.transfer import upload
 from tokenswift_cli.config import SamplingConfig
 from tokenswift_cli.engine.tree import Tree
@@ -41,85 +45,187 @@ def walks_on_device(device: torch.device) -> bool:
 
 def accept_on_device(tree: Tree, logits: NodeLogits, history: Sequence[int], cfg: SamplingConfig) -> Acceptance:
     """`verify.accept`, walked on the device: the same tokens, one host synchronisation."""
-    hidden = logits.hidden
-    device = hidden.device
-    tokens, parents = tree.token_ids, tree.parents
+    if (cfg.scripts and cfg.script_filter is None) or (cfg.spacing and cfg.spacing_rule is None):
+        distribution.target_scores(logits[0], torch.zeros(1, dtype=torch.long), cfg)  # the host's one-line error
+    target, device = logits.target, logits.hidden.device
     tail = list(history[-cfg.context_length :])
     levels = tree.max_depth + 1
-    tokens_on, parents_on = upload(tokens, torch.long, device), upload(parents, torch.long, device)
-    context = upload([*tail, tokens[0]], torch.long, device)  # grows by the drawn token each level
-    uniforms = upload([position_uniform(cfg.seed, len(history) + 1 + d) for d in range(levels)], torch.float64, device)
-    filters = _NodeFilters(tree, tokens, tail, cfg, device)
-    every_row = logits.target.logits(hidden)  # [nodes, vocab]: a row's bits whatever the batch (`Backend.logits`)
-    node = torch.zeros(1, dtype=torch.long, device=device)
-    drawn, found = [], []
+    graphs = _WalkGraphs.of(target, device)
+    static = graphs.covers(len(tail), cfg)
+    nodes = math.ceil(tree.size / PAD_NODES) * PAD_NODES if static else tree.size
+    walk = _inputs(tree, logits.hidden, history, tail, levels, nodes, cfg)
+    body = functools.partial(_walk, target=target, cfg=cfg, levels=levels)
+    shape = (nodes, levels, len(tail), *(m.shape[0] for m in walk.masks))
+    read, root = graphs.run((shape, cfg), walk, body) if static else body(walk)
+    logits.keep(0, root)
+    drawn, found = read.tolist()  # the one synchronisation
+    path: list[int] = []
+    node = 0
+    for token, hit in zip(drawn, found, strict=True):
+        if not hit:
+            break
+        node = tree.children[node][token]
+        path.append(node)
+    return Acceptance(
+        nodes=tuple(path),
+        tokens=tuple(tree.token_ids[n] for n in path),
+        next_root=token,
+        from_ngram=sum(tree.from_ngram[n] for n in path),
+    )
+
+
+PAD_NODES = 16  # a graph's trie size is rounded up to this: a few graphs serve every trie
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """One walk's inputs on the device. Padding nodes (parent -2) are never a child: the walk never reaches them."""
+
+    hidden: torch.Tensor  # [nodes, hidden]
+    tokens: torch.Tensor  # [nodes]
+    parents: torch.Tensor  # [nodes]
+    context: torch.Tensor  # [tail + 1]: the history's tail, then the root
+    uniforms: torch.Tensor  # [levels] float64: the draws' uniforms, by depth
+    xtc: torch.Tensor  # [levels] bool: whether XTC's coin picks that depth's position
+    suppress: torch.Tensor  # [ids]
+    masks: tuple[torch.Tensor, ...]  # per filter (scripts, spacing): its table of banned masks `[states, vocab]`
+    rows: tuple[torch.Tensor, ...]  # ... and each node's row in it `[nodes]`
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.hidden, self.tokens, self.parents, self.context, self.uniforms, self.xtc, self.suppress,
+                *self.masks, *self.rows]  # fmt: skip
+
+    def clone(self) -> _Walk:
+        cloned = [tensor.clone() for tensor in self.tensors()]
+        filters = len(self.masks)
+        return _Walk(*cloned[:7], masks=tuple(cloned[7 : 7 + filters]), rows=tuple(cloned[7 + filters :]))
+
+
+def _inputs(
+    tree: Tree, hidden: torch.Tensor, history: Sequence[int], tail: list[int], levels: int, nodes: int,
+    cfg: SamplingConfig,
+) -> _Walk:  # fmt: skip
+    device, pad = hidden.device, nodes - tree.size
+    positions = [len(history) + 1 + depth for depth in range(levels)]
+    masks, rows = [], []
+    rules = ((cfg.script_filter if cfg.scripts else None, 4), (cfg.spacing_rule if cfg.spacing else None, 1))
+    for rule, last in rules:
+        if rule is not None:
+            table = _MaskTable.of(rule, device)
+            node_rows = [table.row(rule.state(c)) for c in _node_contexts(tree, tail, last)]
+            masks.append(table.masks)
+            rows.append(upload(node_rows + [0] * pad, torch.long, device))
+    return _Walk(
+        hidden=torch.nn.functional.pad(hidden, (0, 0, 0, pad)) if pad else hidden,
+        tokens=upload([*tree.token_ids, *[-1] * pad], torch.long, device),
+        parents=upload([*tree.parents, *[-2] * pad], torch.long, device),
+        context=upload([*tail, tree.token_ids[0]], torch.long, device),
+        uniforms=upload([position_uniform(cfg.seed, p) for p in positions], torch.float64, device),
+        xtc=upload([distribution.xtc_picks(p, cfg) for p in positions], torch.bool, device),
+        suppress=upload(cfg.suppress_token_ids, torch.long, device),
+        masks=tuple(masks),
+        rows=tuple(rows),
+    )
+
+
+def _walk(walk: _Walk, *, target: Any, cfg: SamplingConfig, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk at fixed shapes: (drawn tokens and whether each found a child `[2, levels]`, the root's logits)."""
+    every_row = target.logits(walk.hidden)  # [nodes, vocab]: a row's bits whatever the batch (`Backend.logits`)
+    node = torch.zeros(1, dtype=torch.long, device=every_row.device)
+    context, drawn, found = walk.context, [], []
     for depth in range(levels):
-        row = every_row.index_select(0, node)[0]
-        if depth == 0:
-            logits.keep(0, row)
-        scores = filters.scores(row, node, context, cfg)
+        scores = every_row.index_select(0, node)[0].clone()  # `target_scores` on the device, this node's filters
+        if cfg.suppress_token_ids:
+            scores.index_fill_(0, walk.suppress, -float("inf"))
+        for masks, rows in zip(walk.masks, walk.rows, strict=True):
+            scores.masked_fill_(masks.index_select(0, rows.index_select(0, node))[0], -float("inf"))
+        if cfg.dry_multiplier is not None:
+            scores -= distribution.dry_penalties_on_device(context[-cfg.dry_range :], scores.shape[-1], cfg)
+        scores = distribution.processed(scores, context[-cfg.penalty_window :], cfg)
         if cfg.greedy:
             token = scores.argmax()[None]
         else:
-            if distribution.xtc_picks(len(history) + 1 + depth, cfg):
-                scores = distribution.excluded_top_choices(scores, cfg)
-            token = distribution.inverse_cdf(scores, uniforms[depth : depth + 1])
-        match = (parents_on == node) & (tokens_on == token)  # [nodes]: the child carrying the token, if any
+            if cfg.xtc_probability is not None:  # the same bits as excluding only where the coin picks
+                scores = torch.where(walk.xtc[depth], distribution.excluded_top_choices(scores, cfg), scores)
+            token = distribution.inverse_cdf(scores, walk.uniforms[depth : depth + 1])
+        match = (walk.parents == node) & (walk.tokens == token)  # [nodes]: the child carrying the token, if any
         found.append(match.any()[None])
         node = torch.where(found[-1], match.int().argmax()[None], node)
         drawn.append(token)
         context = torch.cat([context, token])
-    read = torch.cat([*drawn, *found]).tolist()  # the one synchronisation
-    nodes: list[int] = []
-    node_on_host = 0
-    for token, hit in zip(read[:levels], read[levels:], strict=True):
-        if not hit:
-            break
-        node_on_host = tree.children[node_on_host][token]
-        nodes.append(node_on_host)
-    return Acceptance(
-        nodes=tuple(nodes),
-        tokens=tuple(tokens[n] for n in nodes),
-        next_root=token,
-        from_ngram=sum(tree.from_ngram[n] for n in nodes),
-    )
+    return torch.stack([torch.cat(drawn), torch.cat(found).long()]), every_row[0]
 
 
-class _NodeFilters:
-    """The parts of the target's scores that depend on the context, per trie node, ready on the device."""
+class _WalkGraphs:
+    """CUDA graphs of walks, one per (padded trie size, levels, context length, tables, settings), one pool.
 
-    def __init__(self, tree: Tree, tokens: Sequence[int], tail: list[int], cfg: SamplingConfig, device: torch.device):
-        self.suppress = upload(cfg.suppress_token_ids, torch.long, device) if cfg.suppress_token_ids else None
-        self.masks: list[tuple[_MaskTable, torch.Tensor]] = []
-        rules = ((cfg.script_filter if cfg.scripts else None, 4), (cfg.spacing_rule if cfg.spacing else None, 1))
-        for rule, last in rules:
-            if rule is None:
-                continue  # a filter asked for but not attached fails in `target_scores` below, as on the host
-            table = _MaskTable.of(rule, device)
-            contexts = _node_contexts(tree, tokens, tail, last)
-            self.masks.append((table, upload([table.row(rule.state(c)) for c in contexts], torch.long, device)))
-        self.unfiltered = (cfg.scripts and cfg.script_filter is None) or (cfg.spacing and cfg.spacing_rule is None)
+    A walk's context length is fixed once the history is longer than what the scores read
+    (`context_length`); before that, walks run eagerly. `TOKENSWIFT_CUDA_GRAPHS` as for the forwards:
+    "0" none, "body" the padded walk uncaptured on any device (how the CPU tests check it).
+    """
 
-    def scores(self, row: torch.Tensor, node: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-        """`distribution.target_scores` for the node at `node` (`[1]`) after `context`, on the device."""
-        if self.unfiltered:
-            return distribution.target_scores(row, context, cfg)  # raises the one-line error
-        scores = row.float().clone()
-        if self.suppress is not None:
-            scores.index_fill_(0, self.suppress, -float("inf"))
-        for table, rows in self.masks:
-            scores.masked_fill_(table.masks.index_select(0, rows.index_select(0, node))[0], -float("inf"))
-        if cfg.dry_multiplier is not None:
-            scores -= distribution.dry_penalties_on_device(context[-cfg.dry_range :], scores.shape[-1], cfg)
-        return distribution.processed(scores, context[-cfg.penalty_window :], cfg)
+    _graphs: weakref.WeakKeyDictionary[Any, _WalkGraphs] = weakref.WeakKeyDictionary()
+
+    def __init__(self, device: torch.device) -> None:
+        mode = os.environ.get(GRAPHS, "1")
+        self.capture = device.type == "cuda" and mode not in ("0", "body")
+        self.enabled = self.capture or mode == "body"
+        self.captured: dict[Any, tuple[torch.cuda.CUDAGraph | None, _Walk, Any]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.stream = torch.cuda.Stream(device) if self.capture else None
+
+    @classmethod
+    def of(cls, target: Any, device: torch.device) -> _WalkGraphs:
+        if target not in cls._graphs:
+            cls._graphs[target] = cls(device)
+        return cls._graphs[target]
+
+    def covers(self, tail: int, cfg: SamplingConfig) -> bool:
+        return self.enabled and tail == cfg.context_length
+
+    def run(
+        self, key: Any, walk: _Walk, body: Callable[[_Walk], tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The walk's (read, root logits), replayed from the graph of `key` (captured the first time)."""
+        if key not in self.captured:
+            self.captured[key] = self._capture(walk, body)
+        graph, static, outputs = self.captured[key]
+        for held, new in zip(static.tensors(), walk.tensors(), strict=True):
+            held.copy_(new)
+        read, root = self._replay(graph, static, body, outputs)
+        return read, root.clone()
+
+    def _capture(self, walk: _Walk, body: Callable[[_Walk], Any]) -> tuple[torch.cuda.CUDAGraph | None, _Walk, Any]:
+        static = walk.clone()
+        if not self.capture:
+            return None, static, None
+        stream, current = self.stream, torch.cuda.current_stream()
+        assert stream is not None
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            body(static)  # warm-up: workspaces, kernel choice
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
+            outputs = body(static)
+        current.wait_stream(stream)
+        return graph, static, outputs
+
+    @staticmethod
+    def _replay(graph: torch.cuda.CUDAGraph | None, static: _Walk, body: Callable[[_Walk], Any], outputs: Any) -> Any:
+        """One launch; uncaptured ("body"), the same ops on the same buffers."""
+        if graph is None:
+            return body(static)
+        graph.replay()
+        return outputs
 
 
-def _node_contexts(tree: Tree, tokens: Sequence[int], tail: list[int], last: int) -> list[list[int]]:
+def _node_contexts(tree: Tree, tail: list[int], last: int) -> list[list[int]]:
     """Per node, the last `last` tokens of its context: the history's tail, then its path from the root."""
     contexts: list[list[int]] = []
     for node, parent in enumerate(tree.parents):
         before = contexts[parent] if parent >= 0 else tail
-        contexts.append([*before, tokens[node]][-last:])
+        contexts.append([*before, tree.token_ids[node]][-last:])
     return contexts
 
 
