@@ -16,12 +16,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tokenswift_cli.backends.cuda.graphs import GRAPHS, SPAN_STEP
 from tokenswift_cli.backends.cuda.padded import PaddedBackend
+from tokenswift_cli.backends.cuda.replay import Replays
 from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.data import DEFAULT_TEXT
 from tokenswift_cli.engine.decode import generate, generate_tokens
 from tokenswift_cli.engine.state import prefill
 from tokenswift_cli.engine.tree import build_tree
-from tokenswift_cli.engine.walk import WALK, _WalkGraphs
+from tokenswift_cli.engine.walk import WALK
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.runs.checkpoint import Checkpointer, read_manifest, restore
 from tokenswift_cli.runs.textstream import StreamState
@@ -146,7 +147,7 @@ def test_the_walk_on_the_device_draws_the_host_walks_tokens(sampling: SamplingCo
     monkeypatch.setenv(WALK, "device")
     fast, stats = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig(tree=(1, 3, 3, 3))))
     assert first_divergence(fast, plain) is None and stats.iterations < len(plain)
-    captured = _WalkGraphs.of(target, target.device).captured
+    captured = Replays.of(target, target.device).captured
     assert captured and all(graph is not None for graph, _, _ in captured.values())
 
 

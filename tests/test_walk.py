@@ -129,3 +129,25 @@ def test_a_prefix_past_the_vocabulary_is_refused_in_one_line(bad: int) -> None:
     target = tiny_target("llama-gqa")
     with pytest.raises(ConfigError, match=f"token id {bad}, outside the model's vocabulary"):
         prefill(target, [1, 2, bad], RunConfig(max_new_tokens=4))
+
+
+@pytest.mark.parametrize("graphs", ["0", "body"], ids=["eager", "graph-body"])
+def test_the_drafts_ranked_on_the_device_are_the_hosts(graphs: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from tokenswift_cli.engine.drafters.ranking import rank, top_tokens
+
+    monkeypatch.setenv(GRAPHS, graphs)
+    monkeypatch.setenv(WALK, "device")
+    rng, generator = random.Random(7), torch.Generator().manual_seed(7)
+    model = RowTable(torch.zeros(1, VOCAB))  # a target's stand-in: only its device and identity are read
+    model.output_device = torch.device("cpu")  # type: ignore[attr-defined]
+    for name, cfg in CONFIGS.items():
+        for _ in range(10):
+            rows = torch.randn(rng.randrange(1, 5), VOCAB, generator=generator) * 3
+            state = SimpleNamespace(
+                tokens=[rng.randrange(12) for _ in range(rng.randrange(2, 60))], root=rng.randrange(VOCAB)
+            )
+            widths = [rng.randrange(1, 6) for _ in range(4)]
+            context = torch.tensor([*state.tokens[-cfg.context_length :], state.root])
+            assert rank(model, rows, state, widths, cfg) == top_tokens(rows, context, widths, cfg), name  # type: ignore[arg-type]

@@ -21,7 +21,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tokenswift_cli.backends.cuda import graphs
-from tokenswift_cli.engine import metrics, walk
+from tokenswift_cli.backends.cuda.replay import Replays
+from tokenswift_cli.engine import metrics
 
 FREE = frozenset({  # ops that launch no kernel: views, metadata, aliasing, host-side creation
     "view", "_unsafe_view", "reshape", "transpose", "t", "expand", "slice", "select", "unsqueeze", "squeeze",
@@ -83,12 +84,12 @@ def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
 
 @contextlib.contextmanager
 def counting() -> Iterator[Counts]:
-    """Count inside the block; graph bodies (`StepGraphs._body`, a walk's replay: one op) are left out, phases
+    """Count inside the block; graph bodies (`StepGraphs._body`, a `Replays` replay: one op) are left out, phases
     taken from `Stats.phase`."""
     counts = Counts()
     counter = _Counter(counts)
     body, phase, tolist = graphs.StepGraphs._body, metrics.Stats.phase, torch.Tensor.tolist
-    replay = walk._WalkGraphs._replay
+    replay = Replays._replay
 
     def uncounted_body(self: graphs.StepGraphs, *args: Any, **kwargs: Any) -> None:
         counter.paused += 1
@@ -119,7 +120,7 @@ def counting() -> Iterator[Counts]:
         return tolist(self)
 
     graphs.StepGraphs._body = uncounted_body  # type: ignore[method-assign]
-    walk._WalkGraphs._replay = staticmethod(uncounted_replay)  # type: ignore[method-assign,assignment]
+    Replays._replay = staticmethod(uncounted_replay)  # type: ignore[method-assign,assignment]
     metrics.Stats.phase = named  # type: ignore[method-assign,assignment]
     torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign]
     try:
@@ -127,6 +128,6 @@ def counting() -> Iterator[Counts]:
             yield counts
     finally:
         graphs.StepGraphs._body = body  # type: ignore[method-assign]
-        walk._WalkGraphs._replay = staticmethod(replay)  # type: ignore[method-assign,assignment]
+        Replays._replay = staticmethod(replay)  # type: ignore[method-assign,assignment]
         metrics.Stats.phase = phase  # type: ignore[method-assign]
         torch.Tensor.tolist = tolist  # type: ignore[method-assign]

@@ -7,11 +7,12 @@ there, the node index a device tensor throughout; the drawn tokens and whether e
 come back in one read. Levels past the walk's end are computed and ignored.
 
 Every node's context (the history, then its path) is known before the walk, since the trie is: the
-host prepares what the target's scores need per node (the script and spacing states, the uniform of
-each depth) while the device computes. The logits of every node come from one call of the output
-head (a row's bits do not depend on the rows beside it), and a level runs `sampling.distribution`'s
-own ops on one node's row, so the tokens are those of the host walk and of plain decoding, bit for
-bit (tests/test_walk.py).
+host prepares what the target's scores need per node (the filters' states, the uniform of each
+depth). The logits of every node come from one call of the output head (a row's bits do not depend
+on the rows beside it), and a level runs `target_scores`' ops on one node's row (`on_device.py`), so
+the tokens are those of the host walk and of plain decoding, bit for bit (tests/test_walk.py). Once
+the history fills what the scores read, the walk runs at fixed shapes (the trie padded to
+`PAD_NODES` steps) and replays a CUDA graph (`backends/cuda/replay.py`).
 """
 
 from __future__ import annotations
@@ -19,22 +20,23 @@ from __future__ import annotations
 import functools
 import math
 import os
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tokenswift_cli.backends.cuda.graphs import GRAPHS
+from tokenswift_cli.backends.cuda.replay import Replays
 from tokenswift_cli.backends.transfer import upload
 from tokenswift_cli.config import SamplingConfig
 from tokenswift_cli.engine.tree import Tree
 from tokenswift_cli.engine.verify import Acceptance, NodeLogits
 from tokenswift_cli.sampling import distribution
 from tokenswift_cli.sampling.distribution import position_uniform
+from tokenswift_cli.sampling.on_device import MaskTable, filter_rules, scores_on_device
 
 WALK = "TOKENSWIFT_WALK"  # "device" or "host"; unset: on the device wherever the model is not on the CPU
+PAD_NODES = 16  # a graph's trie size is rounded up to this: a few graphs serve every trie
 
 
 def walks_on_device(device: torch.device) -> bool:
@@ -45,19 +47,17 @@ def walks_on_device(device: torch.device) -> bool:
 
 def accept_on_device(tree: Tree, logits: NodeLogits, history: Sequence[int], cfg: SamplingConfig) -> Acceptance:
     """`verify.accept`, walked on the device: the same tokens, one host synchronisation."""
-    if (cfg.scripts and cfg.script_filter is None) or (cfg.spacing and cfg.spacing_rule is None):
-        distribution.target_scores(logits[0], torch.zeros(1, dtype=torch.long), cfg)  # the host's one-line error
     target, device = logits.target, logits.hidden.device
     tail = list(history[-cfg.context_length :])
     levels = tree.max_depth + 1
-    graphs = _WalkGraphs.of(target, device)
-    static = graphs.covers(len(tail), cfg)
+    replays = Replays.of(target, device)
+    static = replays.enabled and len(tail) == cfg.context_length  # else the context's length changes each time
     nodes = math.ceil(tree.size / PAD_NODES) * PAD_NODES if static else tree.size
     walk = _inputs(tree, logits.hidden, history, tail, levels, nodes, cfg)
     body = functools.partial(_walk, target=target, cfg=cfg, levels=levels)
-    shape = (nodes, levels, len(tail), *(m.shape[0] for m in walk.masks))
-    read, root = graphs.run((shape, cfg), walk, body) if static else body(walk)
-    logits.keep(0, root)
+    shape = ("walk", nodes, levels, len(tail), *(m.shape[0] for m in walk.masks))
+    read, root = replays.run((shape, cfg), walk, body) if static else body(walk)
+    logits.keep(0, root.clone())
     drawn, found = read.tolist()  # the one synchronisation
     path: list[int] = []
     node = 0
@@ -72,9 +72,6 @@ def accept_on_device(tree: Tree, logits: NodeLogits, history: Sequence[int], cfg
         next_root=token,
         from_ngram=sum(tree.from_ngram[n] for n in path),
     )
-
-
-PAD_NODES = 16  # a graph's trie size is rounded up to this: a few graphs serve every trie
 
 
 @dataclass(frozen=True)
@@ -108,13 +105,11 @@ def _inputs(
     device, pad = hidden.device, nodes - tree.size
     positions = [len(history) + 1 + depth for depth in range(levels)]
     masks, rows = [], []
-    rules = ((cfg.script_filter if cfg.scripts else None, 4), (cfg.spacing_rule if cfg.spacing else None, 1))
-    for rule, last in rules:
-        if rule is not None:
-            table = _MaskTable.of(rule, device)
-            node_rows = [table.row(rule.state(c)) for c in _node_contexts(tree, tail, last)]
-            masks.append(table.masks)
-            rows.append(upload(node_rows + [0] * pad, torch.long, device))
+    for rule, last in filter_rules(cfg):
+        table = MaskTable.of(rule, device)
+        node_rows = [table.row(context) for context in _node_contexts(tree, tail, last)]
+        masks.append(table.masks)
+        rows.append(upload(node_rows + [0] * pad, torch.long, device))
     return _Walk(
         hidden=torch.nn.functional.pad(hidden, (0, 0, 0, pad)) if pad else hidden,
         tokens=upload([*tree.token_ids, *[-1] * pad], torch.long, device),
@@ -134,14 +129,9 @@ def _walk(walk: _Walk, *, target: Any, cfg: SamplingConfig, levels: int) -> tupl
     node = torch.zeros(1, dtype=torch.long, device=every_row.device)
     context, drawn, found = walk.context, [], []
     for depth in range(levels):
-        scores = every_row.index_select(0, node)[0].clone()  # `target_scores` on the device, this node's filters
-        if cfg.suppress_token_ids:
-            scores.index_fill_(0, walk.suppress, -float("inf"))
-        for masks, rows in zip(walk.masks, walk.rows, strict=True):
-            scores.masked_fill_(masks.index_select(0, rows.index_select(0, node))[0], -float("inf"))
-        if cfg.dry_multiplier is not None:
-            scores -= distribution.dry_penalties_on_device(context[-cfg.dry_range :], scores.shape[-1], cfg)
-        scores = distribution.processed(scores, context[-cfg.penalty_window :], cfg)
+        pairs = zip(walk.masks, walk.rows, strict=True)
+        banned = [masks.index_select(0, rows.index_select(0, node))[0] for masks, rows in pairs]
+        scores = scores_on_device(every_row.index_select(0, node)[0], context, cfg, walk.suppress, banned)
         if cfg.greedy:
             token = scores.argmax()[None]
         else:
@@ -156,70 +146,6 @@ def _walk(walk: _Walk, *, target: Any, cfg: SamplingConfig, levels: int) -> tupl
     return torch.stack([torch.cat(drawn), torch.cat(found).long()]), every_row[0]
 
 
-class _WalkGraphs:
-    """CUDA graphs of walks, one per (padded trie size, levels, context length, tables, settings), one pool.
-
-    A walk's context length is fixed once the history is longer than what the scores read
-    (`context_length`); before that, walks run eagerly. `TOKENSWIFT_CUDA_GRAPHS` as for the forwards:
-    "0" none, "body" the padded walk uncaptured on any device (how the CPU tests check it).
-    """
-
-    _graphs: weakref.WeakKeyDictionary[Any, _WalkGraphs] = weakref.WeakKeyDictionary()
-
-    def __init__(self, device: torch.device) -> None:
-        mode = os.environ.get(GRAPHS, "1")
-        self.capture = device.type == "cuda" and mode not in ("0", "body")
-        self.enabled = self.capture or mode == "body"
-        self.captured: dict[Any, tuple[torch.cuda.CUDAGraph | None, _Walk, Any]] = {}
-        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
-        self.stream = torch.cuda.Stream(device) if self.capture else None
-
-    @classmethod
-    def of(cls, target: Any, device: torch.device) -> _WalkGraphs:
-        if target not in cls._graphs:
-            cls._graphs[target] = cls(device)
-        return cls._graphs[target]
-
-    def covers(self, tail: int, cfg: SamplingConfig) -> bool:
-        return self.enabled and tail == cfg.context_length
-
-    def run(
-        self, key: Any, walk: _Walk, body: Callable[[_Walk], tuple[torch.Tensor, torch.Tensor]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The walk's (read, root logits), replayed from the graph of `key` (captured the first time)."""
-        if key not in self.captured:
-            self.captured[key] = self._capture(walk, body)
-        graph, static, outputs = self.captured[key]
-        for held, new in zip(static.tensors(), walk.tensors(), strict=True):
-            held.copy_(new)
-        read, root = self._replay(graph, static, body, outputs)
-        return read, root.clone()
-
-    def _capture(self, walk: _Walk, body: Callable[[_Walk], Any]) -> tuple[torch.cuda.CUDAGraph | None, _Walk, Any]:
-        static = walk.clone()
-        if not self.capture:
-            return None, static, None
-        stream, current = self.stream, torch.cuda.current_stream()
-        assert stream is not None
-        stream.wait_stream(current)
-        with torch.cuda.stream(stream):
-            body(static)  # warm-up: workspaces, kernel choice
-        stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
-            outputs = body(static)
-        current.wait_stream(stream)
-        return graph, static, outputs
-
-    @staticmethod
-    def _replay(graph: torch.cuda.CUDAGraph | None, static: _Walk, body: Callable[[_Walk], Any], outputs: Any) -> Any:
-        """One launch; uncaptured ("body"), the same ops on the same buffers."""
-        if graph is None:
-            return body(static)
-        graph.replay()
-        return outputs
-
-
 def _node_contexts(tree: Tree, tail: list[int], last: int) -> list[list[int]]:
     """Per node, the last `last` tokens of its context: the history's tail, then its path from the root."""
     contexts: list[list[int]] = []
@@ -227,29 +153,3 @@ def _node_contexts(tree: Tree, tail: list[int], last: int) -> list[list[int]]:
         before = contexts[parent] if parent >= 0 else tail
         contexts.append([*before, tree.token_ids[node]][-last:])
     return contexts
-
-
-class _MaskTable:
-    """A filter's banned masks `[states, vocab]` on one device, one row per state met so far (a few)."""
-
-    _tables: weakref.WeakKeyDictionary[Any, dict[torch.device, _MaskTable]] = weakref.WeakKeyDictionary()
-
-    def __init__(self, rule: Any, device: torch.device) -> None:
-        self.rule, self.device = rule, device
-        self.states: dict[Any, int] = {}
-        self.masks = torch.zeros(0, 0, dtype=torch.bool, device=device)
-
-    @classmethod
-    def of(cls, rule: Any, device: torch.device) -> _MaskTable:
-        """The table of `rule` on `device`, kept while the rule lives (a run's filters)."""
-        per_device = cls._tables.setdefault(rule, {})
-        if device not in per_device:
-            per_device[device] = cls(rule, device)
-        return per_device[device]
-
-    def row(self, state: Any) -> int:
-        if state not in self.states:
-            mask = self.rule.banned_after(state).to(self.device)[None]
-            self.masks = mask if not self.states else torch.cat([self.masks, mask])
-            self.states[state] = len(self.states)
-        return self.states[state]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from tokenswift_cli.engine.auto.tuner import Plan, Tuner
 from tokenswift_cli.engine.candidates import candidate_trie
 from tokenswift_cli.engine.drafters.base import DraftModel, SourceDrafter, Step
-from tokenswift_cli.engine.drafters.heads import HeadDrafter, head_logits, root_context, top_tokens
+from tokenswift_cli.engine.drafters.heads import HeadDrafter, head_logits
+from tokenswift_cli.engine.drafters.ranking import rank
 from tokenswift_cli.engine.state import GenerationState
 from tokenswift_cli.engine.tree import Tree, TreeBuilder
 
@@ -130,7 +131,7 @@ def _head_tries(
     head_rows = head_logits(model.target, model.heads, step.verified.pre_norm[0])  # [K, vocab]
     rows = [step.verified.logits[0], *head_rows]  # depths 1, 2, ... below the root
     widest = max(max(p.draft.tree, default=1) for p in wanted)
-    ranked = top_tokens(rows, root_context(state, model.sampling), [widest] * len(rows), model.sampling)
+    ranked = rank(model.target, rows, state, [widest] * len(rows), model.sampling)
     tries = []
     for plan, member in wanted.items():
         if member.draft_pass:  # the root's own rows: the draft pass's draft for the root

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from tokenswift_cli.engine.drafters.base import Drafts
-from tokenswift_cli.engine.drafters.heads import HeadDrafter, root_context, top_tokens
+from tokenswift_cli.engine.drafters.heads import HeadDrafter
+from tokenswift_cli.engine.drafters.ranking import rank
 from tokenswift_cli.engine.state import GenerationState
 
 
@@ -32,4 +33,4 @@ class PassDrafter(HeadDrafter):
                 head_states = heads(forward.pre_norm[0].to(next(heads.parameters())))  # [K, hidden]
             states += list(head_states[: depth - 1])
         logits = target.logits(torch.stack(states))  # [depth, vocab]
-        return self.drafts_from(top_tokens(logits, root_context(state, self.model.sampling), tree, self.model.sampling))
+        return self.drafts_from(rank(target, logits, state, tree, self.model.sampling))

@@ -11,7 +11,8 @@ import torch
 
 from tokenswift_cli.config import DraftConfig
 from tokenswift_cli.engine.drafters.base import DraftModel, Drafts, Step
-from tokenswift_cli.engine.drafters.heads import HeadDrafter, head_logits, root_context, top_tokens
+from tokenswift_cli.engine.drafters.heads import HeadDrafter, head_logits
+from tokenswift_cli.engine.drafters.ranking import rank
 from tokenswift_cli.engine.state import GenerationState
 
 
@@ -31,7 +32,7 @@ class VerifyDrafter(HeadDrafter):
         if heads is None or self.leaf is None:
             return Drafts(ngram_top_k=self.draft.ngram_top_k, ngrams_from_root=True)
         logits = head_logits(self.model.target, heads, self.leaf)  # [K, vocab]
-        return self.drafts_from(top_tokens(logits, root_context(state, sampling), self.draft.tree, sampling))
+        return self.drafts_from(rank(self.model.target, logits, state, self.draft.tree, sampling))
 
     def update(self, state: GenerationState, step: Step) -> None:
         """Keep the state of the node where the walk stopped: its logits drew the next root."""

@@ -1,40 +1,19 @@
-"""Drafting from the heads: ranking logits as the target would draw, and what both head drafters share.
+"""Drafting from the heads: what both head drafters share.
 
 The draft pass (draft_pass.py) and the Medusa-style drafter (from_verify.py) differ in the state
-the heads read; both rank each depth's logits under the target's processing (penalty, filters)
-after the root's context, so the candidates look like the target's draws.
+the heads read; both rank each depth's logits as the target would draw (ranking.py).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
 
-from tokenswift_cli.config import DraftConfig, SamplingConfig
+from tokenswift_cli.config import DraftConfig
 from tokenswift_cli.engine.drafters.base import Drafts, SourceDrafter
-from tokenswift_cli.engine.state import GenerationState
 from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.target import Target
-from tokenswift_cli.sampling.distribution import target_scores
-
-
-def top_tokens(
-    logits: torch.Tensor | Sequence[torch.Tensor],
-    context: torch.Tensor,
-    widths: Sequence[int],
-    sampling: SamplingConfig,
-) -> tuple[tuple[int, ...], ...]:
-    """Top-w tokens of each row of `logits` (`[rows, vocab]`) under the target's processing after `context`."""
-    ranked = [
-        target_scores(row, context, sampling).topk(width).indices for row, width in zip(logits, widths, strict=False)
-    ]
-    if not ranked:
-        return ()
-    flat = torch.cat(ranked).tolist()  # one read-back for every row
-    starts = [0, *itertools.accumulate(len(r) for r in ranked)]
-    return tuple(tuple(flat[a:b]) for a, b in itertools.pairwise(starts))
 
 
 def head_logits(target: Target, heads: DraftHeads, pre_norm: torch.Tensor) -> torch.Tensor:
@@ -42,11 +21,6 @@ def head_logits(target: Target, heads: DraftHeads, pre_norm: torch.Tensor) -> to
     with torch.no_grad():
         states = heads(pre_norm.to(next(heads.parameters())))  # [K, hidden]
     return target.logits(states)
-
-
-def root_context(state: GenerationState, sampling: SamplingConfig) -> torch.Tensor:
-    """The tokens a draw after the root depends on, the root included."""
-    return torch.tensor([*state.tokens[-sampling.context_length :], state.root], dtype=torch.long)
 
 
 class HeadDrafter(SourceDrafter):
