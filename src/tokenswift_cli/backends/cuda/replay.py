@@ -12,6 +12,7 @@ the host-sync count see it).
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -72,9 +73,16 @@ class Replays:
             body(static)  # warm-up: workspaces, kernel choice
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
-            outputs = body(static)
-        current.wait_stream(stream)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
+                outputs = body(static)
+        except RuntimeError as error:  # an op that cannot be captured: the same ops, launched one by one
+            reason = str(error).splitlines()[0]
+            warnings.warn(f"a CUDA graph was not captured ({reason}); running op by op", stacklevel=2)
+            torch.cuda.synchronize()
+            return None, static, None
+        finally:
+            current.wait_stream(stream)
         return graph, static, outputs
 
     @staticmethod
