@@ -68,6 +68,7 @@ class Launcher:
 
     def __init__(self, *, cold: bool = False) -> None:
         self._server: subprocess.Popen[str] | None = None
+        self._late = ""  # set when an answer did not come in time: a later one would answer the wrong question
         if not cold:
             argv = [sys.executable, str(Path(__file__).resolve())]
             self._server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -90,9 +91,11 @@ class Launcher:
     def wait(self, pid: int, timeout: float) -> int | None:
         self._send({"op": "wait", "pid": pid})
         reply = self._reply(timeout)
-        if reply is None:  # hung: kill it, then the launcher reaps it
+        if reply is None:  # hung: kill it, then the launcher reaps it and answers
             os.kill(pid, signal.SIGKILL)
-            self._reply(600.0)
+            self._late = ""
+            if self._reply(600.0) is None:
+                raise RuntimeError(f"the launcher did not reap {pid} in 600 s after SIGKILL")
             return None
         return int(reply["status"])
 
@@ -100,7 +103,11 @@ class Launcher:
         if self._server is not None:
             assert self._server.stdin is not None
             self._server.stdin.close()
-            self._server.wait(30)
+            try:
+                self._server.wait(600)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
 
     def _send(self, request: dict[str, Any]) -> None:
         assert self._server is not None and self._server.stdin is not None
@@ -108,12 +115,16 @@ class Launcher:
         self._server.stdin.flush()
 
     def _reply(self, timeout: float) -> Any:
+        """The launcher's next answer, or None after `timeout` seconds (then the launcher is out of step)."""
         assert self._server is not None and self._server.stdout is not None
+        if self._late:
+            raise RuntimeError(f"the launcher is out of step: {self._late}")
         if not select.select([self._server.stdout], [], [], timeout)[0]:
+            self._late = f"no answer in {timeout:.0f} s"
             return None
         line = self._server.stdout.readline()
         if not line:
-            raise RuntimeError("the launcher died")
+            raise RuntimeError(f"the launcher died (exit {self._server.poll()})")
         return json.loads(line)
 
 
