@@ -217,6 +217,33 @@ def test_device_auto_keeps_each_layers_cache_on_its_device_through_a_resume(tmp_
     assert back.stats.generated >= cfg.max_new_tokens - 40
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, PAPER], ids=["greedy", "paper"])
+def test_a_run_checkpointed_on_the_gpu_resumes_to_the_uninterrupted_text(tmp_path: Path, sampling) -> None:  # type: ignore[no-untyped-def]
+    """bfloat16 on CUDA (graphs, the walk on the device): stopped at 70 tokens, saved, restored, continued."""
+    target = on_cuda(tiny_model("llama-gqa"), torch.bfloat16)
+    heads, prompt = random_heads(target).to(device=target.device, dtype=target.dtype), random_prompt(90)
+    cfg = RunConfig(max_new_tokens=160, sampling=sampling, draft=DraftConfig(partial_budget=64, sink_tokens=4,
+                                                                              recent_window=16))  # fmt: skip
+    reference = prefill(target, prompt, cfg)
+    for _ in generate(target, heads, reference, cfg):
+        pass
+    state = prefill(target, prompt, cfg)
+    for _ in generate(target, heads, state, cfg):
+        if state.stats.generated >= 70:
+            break
+    Checkpointer(tmp_path, fingerprints={"model": "m" * 64, "heads": None}).save(
+        state, stream=StreamState((1,), 1), text_bytes=0
+    )
+    manifest = read_manifest(tmp_path)
+    assert manifest is not None
+    back = restore(tmp_path, manifest, cfg=cfg, num_layers=target.num_layers, device=target.device,
+                   dtype=target.dtype).state  # fmt: skip
+    for _ in generate(target, heads, back, cfg):
+        pass
+    end = back.prefix_length + cfg.max_new_tokens
+    assert first_divergence(back.tokens[:end], reference.tokens[:end]) is None
+
+
 EMBEDDED_TOKENS = int(os.environ.get("TOKENSWIFT_GPU_EMBEDDED_TOKENS", "1500"))
 
 
