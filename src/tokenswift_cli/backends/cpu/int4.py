@@ -1,7 +1,7 @@
 """4-bit weights (`--weights int4`): the decoder's linear layers read an eighth of float32's bytes.
 
 On a CPU, one decoding step reads every weight once, and a float32 matrix-vector product on one core
-streams ~12 GB/s while bfloat16's is no faster (measured: benchmarks/README.md). torch's
+streams ~12 GB/s while bfloat16's is no faster (measured: benchmarks/record/performance.md). torch's
 weight-only int4 kernel for CPUs (`_weight_int4pack_mm_for_cpu`, the one gpt-fast uses) takes
 bfloat16 activations and 4-bit weights in groups of 32 along the input, each group with a bfloat16
 scale and offset: w = (q - 8) * scale + offset, q in 0..15. It is row-invariant (a row's result does

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
     triton = tl = None
 
 KERNEL_ROWS = 4  # forwards of at most this many rows attend here; more through the torch version (cuBLAS float64
-# products): measured on an H200 (benchmarks/gpu-h200-s36), these register-product kernels took 0.3-268 ms
+# products): measured on an H200 (benchmarks/results/gpu-h200), these register-product kernels took 0.3-268 ms
 # for 64 rows where the torch version took 0.13-1.5, and 0.1-1.3 ms for one row where it took 0.08-3.0.
 ROW_BLOCKS = (4, 16)  # packed query rows a program takes: 4 for a plain step's heads, 16 beyond
 KEY_BLOCK = 16  # keys per iteration of a program (its [rows, keys, head_dim] product sits in registers)

@@ -1,6 +1,6 @@
 """CUDA graphs of the padded backend's forwards: a verification, or a draft pass, replayed by one launch.
 
-On the H100 measured here (benchmarks/gpu-h100) the host took ~90 ms to launch a step whose GPU work
+On the H100 measured here (benchmarks/results/gpu-h100) the host took ~90 ms to launch a step whose GPU work
 was ~7 ms (~1,600 launches). A graph replays a step's kernels reading its inputs from fixed device tensors, so all that
 changes between steps lives there: the `rows` tokens and positions, how many keys the cache holds,
 which of the step's rows see which. A step attends the cache's first `span` slots (`span` a multiple
