@@ -277,6 +277,9 @@ def _command(sweep: Sweep, trial: Trial, runs_dir: Path) -> list[str]:
 
 def _step(launcher: Launcher, sweep: Sweep, trial: Trial, rng: random.Random, runs_dir: Path) -> bool:
     """Run the next command of the trial, maybe stopping it; True when the run is done."""
+    done = latest_run(runs_dir)
+    if done is not None and store.run_state(done) == "done":
+        return True  # stopped as it ended: the run is complete, and `resume` rightly refuses a complete run
     args = _command(sweep, trial, runs_dir)
     out, err = runs_dir.parent / f"{runs_dir.name}.out", runs_dir.parent / f"{runs_dir.name}.err"
     kill = args[0] != "runs" and len(trial.kills) < sweep.max_kills and rng.random() < 0.85
