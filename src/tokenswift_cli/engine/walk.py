@@ -32,8 +32,8 @@ from tokenswift_cli.config import SamplingConfig
 from tokenswift_cli.engine.tree import Tree
 from tokenswift_cli.engine.verify import Acceptance, NodeLogits
 from tokenswift_cli.sampling import distribution
-from tokenswift_cli.sampling.distribution import position_uniform
-from tokenswift_cli.sampling.on_device import MaskTable, filter_rules, scores_on_device
+from tokenswift_cli.sampling.distribution import filter_rules, position_uniform
+from tokenswift_cli.sampling.on_device import MaskTable, scores_on_device
 
 WALK = "TOKENSWIFT_WALK"  # "device" or "host"; unset: on the device wherever the model is not on the CPU
 PAD_NODES = 16  # a graph's trie size is rounded up to this: a few graphs serve every trie

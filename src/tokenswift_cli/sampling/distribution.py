@@ -15,6 +15,8 @@ import hashlib
 import itertools
 import math
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from transformers import (
@@ -62,16 +64,38 @@ def _processors(cfg: SamplingConfig) -> LogitsProcessorList:
 
 def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Processed scores `[vocab]` for the next token after `context` (the path's last tokens, `[<= W]`)."""
-    scores = logits.float().clone()  # [vocab]
-    if cfg.suppress_token_ids:
-        scores[list(cfg.suppress_token_ids)] = -float("inf")
+    device = logits.device
+    banned = [rule.banned(context[-last:].tolist()).to(device) for rule, last in filter_rules(cfg)]
+    suppress = torch.tensor(cfg.suppress_token_ids, dtype=torch.long, device=device)
+    return scored(logits.float(), context.to(device), cfg, suppress=suppress, banned=banned, dry=dry_penalties)
+
+
+def filter_rules(cfg: SamplingConfig) -> list[tuple[Any, int]]:
+    """The filters `cfg` applies, each with how many last tokens its state depends on (a filter asked for
+    without its tokenizer: the one-line error)."""
+    rules: list[tuple[Any, int]] = []
     if cfg.scripts:
-        scores.masked_fill_(_script_filter(cfg).banned(context[-4:].tolist()).to(scores.device), -float("inf"))
+        rules.append((_script_filter(cfg), 4))
     if cfg.spacing:
-        scores.masked_fill_(_spacing_rule(cfg).banned(context[-1:].tolist()).to(scores.device), -float("inf"))
+        rules.append((_spacing_rule(cfg), 1))
+    return rules
+
+
+def scored(
+    row: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig, *, suppress: torch.Tensor,
+    banned: Sequence[torch.Tensor], dry: Callable[[torch.Tensor, int, SamplingConfig], torch.Tensor],
+) -> torch.Tensor:  # fmt: skip
+    """The target's scores from float32 logits `row` `[vocab]` (left as they are) after `context` (on its
+    device): `suppress` the suppressed ids, `banned` the filters' masks after `context`, `dry` how DRY's
+    penalties are found; then the penalty and the warpers."""
+    scores = row.clone()
+    if cfg.suppress_token_ids:
+        scores.index_fill_(0, suppress, -float("inf"))
+    for mask in banned:
+        scores.masked_fill_(mask, -float("inf"))
     if cfg.dry_multiplier is not None:
-        scores -= dry_penalties(context[-cfg.dry_range :].to(scores.device), scores.shape[-1], cfg)
-    return processed(scores, context[-cfg.penalty_window :].to(scores.device), cfg)
+        scores -= dry(context[-cfg.dry_range :], scores.shape[-1], cfg)
+    return processed(scores, context[-cfg.penalty_window :], cfg)
 
 
 def processed(scores: torch.Tensor, window: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -4,8 +4,8 @@
 state is the incomplete character the text ends with, the spacing rule's its last character) and
 DRY's matches. Here the filters' masks come from per-device tables, one row per state (`MaskTable`),
 picked by an index the host computed (it knows every context the device will score), and DRY runs
-over every position (`dry_penalties_on_device`). The operations are otherwise `target_scores`' own,
-so the scores are the same, bit for bit (tests/test_walk.py).
+over every position (`dry_penalties_on_device`); both then score through `distribution.scored`, so the
+scores are the same, bit for bit (tests/test_walk.py).
 """
 
 from __future__ import annotations
@@ -20,33 +20,14 @@ from tokenswift_cli.config import SamplingConfig
 from tokenswift_cli.sampling import distribution
 
 
-def filter_rules(cfg: SamplingConfig) -> list[tuple[Any, int]]:
-    """The filters `cfg` applies, each with how many last tokens its state depends on."""
-    rules = []
-    if cfg.scripts:
-        rules.append((distribution._script_filter(cfg), 4))  # (a filter without its tokenizer: the one-line error)
-    if cfg.spacing:
-        rules.append((distribution._spacing_rule(cfg), 1))
-    return rules
-
-
 def scores_on_device(
-    row: torch.Tensor,
-    context: torch.Tensor,
-    cfg: SamplingConfig,
-    suppress: torch.Tensor,
+    row: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig, suppress: torch.Tensor,
     banned: Sequence[torch.Tensor],
-) -> torch.Tensor:
-    """`target_scores` of float32 logits `row` `[vocab]` after `context` (on the device), `banned`: the filters'
-    masks `[vocab]` for that context, `suppress`: `cfg.suppress_token_ids` on the device."""
-    scores = row.clone()
-    if cfg.suppress_token_ids:
-        scores.index_fill_(0, suppress, -float("inf"))
-    for mask in banned:
-        scores.masked_fill_(mask, -float("inf"))
-    if cfg.dry_multiplier is not None:
-        scores -= distribution.dry_penalties_on_device(context[-cfg.dry_range :], scores.shape[-1], cfg)
-    return distribution.processed(scores, context[-cfg.penalty_window :], cfg)
+) -> torch.Tensor:  # fmt: skip
+    """`target_scores` of float32 logits `row` after `context`, both on the device, the filters' masks given."""
+    return distribution.scored(
+        row, context, cfg, suppress=suppress, banned=banned, dry=distribution.dry_penalties_on_device
+    )
 
 
 class MaskTable:

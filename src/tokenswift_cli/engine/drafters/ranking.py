@@ -22,8 +22,8 @@ from tokenswift_cli.config import SamplingConfig
 from tokenswift_cli.engine.state import GenerationState
 from tokenswift_cli.engine.walk import walks_on_device
 from tokenswift_cli.model.target import Target
-from tokenswift_cli.sampling.distribution import target_scores
-from tokenswift_cli.sampling.on_device import MaskTable, filter_rules, scores_on_device
+from tokenswift_cli.sampling.distribution import filter_rules, target_scores
+from tokenswift_cli.sampling.on_device import MaskTable, scores_on_device
 
 Rows = torch.Tensor | Sequence[torch.Tensor]  # logits `[rows, vocab]`
 
