@@ -91,20 +91,18 @@ def counting() -> Iterator[Counts]:
     body, phase, tolist = graphs.StepGraphs._body, metrics.Stats.phase, torch.Tensor.tolist
     replay = Replays._replay
 
-    def uncounted_body(self: graphs.StepGraphs, *args: Any, **kwargs: Any) -> None:
-        counter.paused += 1
-        try:
-            body(self, *args, **kwargs)
-        finally:
-            counter.paused -= 1
+    def uncounted(run: Any, *, ops: int = 0) -> Any:
+        """`run`, its ops left out; `ops` counted instead (a replay is one launch, whatever its body holds)."""
 
-    def uncounted_replay(*args: Any) -> Any:  # one launch on a GPU, whatever the body holds
-        counter.paused += 1
-        try:
-            return replay(*args)
-        finally:
-            counter.paused -= 1
-            counter.counts.eager_ops[counter.phase] += 1
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counter.paused += 1
+            try:
+                return run(*args, **kwargs)
+            finally:
+                counter.paused -= 1
+                counter.counts.eager_ops[counter.phase] += ops
+
+        return call
 
     @contextlib.contextmanager
     def named(self: metrics.Stats, name: str, device: torch.device | None = None) -> Iterator[None]:
@@ -119,8 +117,8 @@ def counting() -> Iterator[Counts]:
         counter.note_sync("tolist")
         return tolist(self)
 
-    graphs.StepGraphs._body = uncounted_body  # type: ignore[method-assign]
-    Replays._replay = staticmethod(uncounted_replay)  # type: ignore[method-assign,assignment]
+    graphs.StepGraphs._body = uncounted(body)  # type: ignore[method-assign]
+    Replays._replay = staticmethod(uncounted(replay, ops=1))  # type: ignore[method-assign,assignment]
     metrics.Stats.phase = named  # type: ignore[method-assign,assignment]
     torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign]
     try:
