@@ -33,7 +33,17 @@ def test_replay_commits_what_the_engine_commits(with_heads: bool, greedy: bool) 
     assert result.tokens == len(out) == stats.generated
     assert (result.heads if with_heads else result.no_heads) == pytest.approx(stats.mean_accepted)
     assert result.oracle > 1.0 and result.heads_no_lag >= 1.0
-    assert 0.0 <= result.drawn_top1 <= result.drawn_top3 <= 1.0
+    assert min(result.heads_every_root, result.no_heads_every_root) >= 1.0
+
+
+def test_every_root_accepts_the_greedy_top_token() -> None:
+    """On greedy text the base logits' top-1 is every next token: every root but the last accepts it."""
+    target = tiny_target("llama-gqa")
+    prompt = random_prompt(24)
+    text = write_text(target.model, prompt, 40, SamplingConfig())
+    result = replay(target.model, None, text, len(prompt), sampling=SamplingConfig())
+    assert result.no_heads_every_root >= 1 + 39 / 40
+    assert result.no_heads >= 40 / 21  # the walk: at most 20 steps of 2 and the last root's step
 
 
 def test_train_heads_then_eval_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

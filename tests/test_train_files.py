@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from cli_helpers import PREFIX, build_tiny_folder
 
-from tokenswift_cli.config import ModelSpec
+from tokenswift_cli.config import ConfigError, ModelSpec
 from tokenswift_cli.model.loading import load_model
-from tokenswift_cli.train.data import teacher_forced
-from tokenswift_cli.train.run import file_rows, rows_cache
+from tokenswift_cli.train.data import read_states, teacher_forced
+from tokenswift_cli.train.run import DataConfig, continuation_rows, file_rows, rows_cache
 
 
 def test_file_rows_skip_the_prefix_and_shift_their_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,3 +35,29 @@ def test_file_rows_skip_the_prefix_and_shift_their_passes(tmp_path: Path, monkey
     assert len(cached) == len({tuple(rest[s : s + window]) for s in starts if len(rest) - s > 4})  # one per window text
     again = file_rows(loaded, [str(text)], window=window, heads=2, skip=skip, passes=2, cache=True)
     assert torch.equal(again.hidden, rows.hidden) and torch.equal(again.teacher_logp, rows.teacher_logp)
+
+
+def test_continuations_write_after_windows_of_the_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model continues seeded windows of the files (after the skipped prefix); rows start at the
+    end of each window's prompt, cached per batch, the same on a second call."""
+    monkeypatch.setenv("TOKENSWIFT_CACHE", str(tmp_path / "cache"))
+    loaded = load_model(ModelSpec(name=str(build_tiny_folder(tmp_path / "tiny")), weights="dense"))
+    assert loaded.tokenizer is not None
+    text = tmp_path / "text.txt"
+    text.write_text(PREFIX * 4)
+    ids = loaded.tokenizer(text.read_text())["input_ids"]
+    cfg = DataConfig(files=(str(text),), file_skip=10, continuations=3, continuation_prompt=20, sample_tokens=12,
+                     batch_size=2, generation_dtype="float32")  # fmt: skip
+    rows = continuation_rows(loaded, cfg, heads=2)
+    per_text = 12 - 2  # the prompt's last state and 11 written ones, less the deepest head's lookahead
+    assert rows.size == 3 * per_text
+    assert rows.positions.tolist() == [*range(19, 19 + per_text)] * 3
+    windows = [ids[10 + s : 30 + s] for s in range(len(ids) - 29)]
+    last_states = torch.stack([read_states(loaded.model, torch.tensor(w))[0][-1] for w in windows])
+    for first in range(0, rows.size, per_text):  # a text's first row: the last state of a window of the file
+        assert (rows.hidden[first].float() - last_states).abs().amax(-1).min() < 1e-3  # stored in bfloat16
+    assert len(list(rows_cache(loaded).glob("batch-*.safetensors"))) == 2
+    again = continuation_rows(loaded, cfg, heads=2)
+    assert torch.equal(again.targets, rows.targets) and torch.equal(again.hidden, rows.hidden)
+    with pytest.raises(ConfigError, match="shorter than 9999"):
+        continuation_rows(loaded, replace(cfg, continuation_prompt=9999), heads=2)

@@ -196,9 +196,11 @@ def replay_table(replays: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table("text", "prefix", "tokens", "with heads", "no heads", "oracle", "heads, no lag", "none, no lag",
-                  "drawn top-1 / top-3", title="tokens per step: the paper's tree and sampling")  # fmt: skip
+                  "heads, every root", "none, every root", "drawn top-1 / top-3",
+                  title="tokens per step: the paper's tree and sampling")  # fmt: skip
     for r in replays:
-        rates = (r["heads"], r["no_heads"], r["oracle"], r["heads_no_lag"], r["no_heads_no_lag"])
+        rates = (r["heads"], r["no_heads"], r["oracle"], r["heads_no_lag"], r["no_heads_no_lag"],
+                 r["heads_every_root"], r["no_heads_every_root"])  # fmt: skip
         table.add_row(r["file"], str(r["prefix_tokens"]), str(r["tokens"]), *(f"{x:.3f}" for x in rates),
                       f"{r['drawn_top1']:.2f} / {r['drawn_top3']:.2f}")  # fmt: skip
     Console(stderr=True).print(table)

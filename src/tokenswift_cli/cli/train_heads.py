@@ -56,6 +56,10 @@ def train_heads_command(
     data_passes: Annotated[
         int, _opt("Passes over each --data file, windows shifted (other positions).", _DATA, min=1)
     ] = 1,
+    data_continuations: Annotated[
+        int, _opt("Texts the model writes after windows of the --data files (--sample-tokens each).", _DATA, min=0)
+    ] = 0,
+    data_prompt_tokens: Annotated[int, _opt("Tokens of a --data file before each continuation.", _DATA, min=1)] = 1024,
     samples: Annotated[int, _opt("Texts the model writes itself.", _DATA, min=0)] = 32,
     sample_tokens: Annotated[int, _opt("Tokens per self-written text.", _DATA, min=8)] = 512,
     write_batch: Annotated[int, _opt("Texts written at once (hundreds on a GPU).", _DATA, min=1)] = 16,
@@ -83,6 +87,7 @@ def train_heads_command(
         DataConfig,
         HeadsReport,
         check_training_files,
+        continuation_rows,
         distilled_rows,
         file_rows,
         fit,
@@ -99,7 +104,8 @@ def train_heads_command(
     data_cfg = DataConfig(
         samples=samples, sample_tokens=sample_tokens, long_windows=long_windows, long_tokens=long_tokens,
         held_out_samples=held_out_samples, files=files, batch_size=write_batch, seed=seed, write_minutes=write_minutes,
-        file_skip=data_skip, file_passes=data_passes,
+        file_skip=data_skip, file_passes=data_passes, continuations=data_continuations,
+        continuation_prompt=data_prompt_tokens,
     )  # fmt: skip
     out = out or default_out(model)
     if fresh:
@@ -119,7 +125,8 @@ def train_heads_command(
         if files:
             read = file_rows(loaded, files, window=data_cfg.file_tokens, heads=num_heads, skip=data_cfg.file_skip,
                              passes=data_cfg.file_passes, cache=True, progress=update)  # fmt: skip
-            rows = Rows.concat([rows, read])
+            written = continuation_rows(loaded, data_cfg, heads=num_heads, progress=update)
+            rows = Rows.concat([rows, read, written])
     data_seconds = time.monotonic() - started
     say(f"{rows.size} training rows, {held_out.size} held-out rows ({data_seconds:.0f} s)")
     with progress_bar() as bar:

@@ -44,6 +44,8 @@ class Replay:
     oracle: float  # the tree's shape filled with the target's own top tokens
     heads_no_lag: float
     no_heads_no_lag: float
+    heads_every_root: float  # 1 + the mean accepted length over every position as a root: paired, less noisy
+    no_heads_every_root: float
     drawn_top1: float  # share of positions whose drawn token is the target's top-1
     drawn_top3: float
 
@@ -118,16 +120,19 @@ def replay(
         return cached[p]
 
     lag = sampling.penalty_window if sampling.penalty is not None else 0
+    drafters = (("heads", with_heads), ("none", lambda p: (level1[p],)))
     rates = {
         (name, lagged): _tokens_per_step(tokens, start, levels, draft, lag=lag if lagged else 0)
-        for name, levels in (("heads", with_heads), ("none", lambda p: (level1[p],)))
+        for name, levels in drafters
         for lagged in (True, False)
     }
+    every = {name: _tokens_per_root(tokens, start, levels, draft, lag=lag) for name, levels in drafters}
     n = max(1, len(ranks))
     return Replay(
         prefix_tokens=start, tokens=len(ranks), heads=rates["heads", True], no_heads=rates["none", True],
         oracle=oracle_tokens_per_step(ranks, draft.tree), heads_no_lag=rates["heads", False],
-        no_heads_no_lag=rates["none", False], drawn_top1=sum(r < 1 for r in ranks) / n,
+        no_heads_no_lag=rates["none", False], heads_every_root=every["heads"], no_heads_every_root=every["none"],
+        drawn_top1=sum(r < 1 for r in ranks) / n,
         drawn_top3=sum(r < 3 for r in ranks) / n,
     )  # fmt: skip
 
@@ -144,20 +149,39 @@ def _tokens_per_step(
     """Walk the text root by root: each step commits its root and the longest trie path the text continues."""
     table, root, steps = NGramTable(draft.ngram_size), start, 0
     while root < len(tokens):
-        table.update(tokens, until=root - lag)  # what the engine has counted when it drafts at this root
-        accepted = 0
-        if root + 1 < len(tokens):
-            drafts = Drafts(levels=levels(root), ngram_top_k=draft.ngram_top_k)
-            children = candidate_trie(tokens[root], drafts, table).children
-            node = 0
-            for token in tokens[root + 1 :]:
-                child = children[node].get(token)
-                if child is None:
-                    break
-                node, accepted = child, accepted + 1
-        root += 1 + accepted
+        root += 1 + _accepted(tokens, root, levels, draft, table, lag=lag)
         steps += 1
     return (len(tokens) - start) / max(steps, 1)
+
+
+def _tokens_per_root(
+    tokens: Sequence[int], start: int, levels: Callable[[int], tuple[tuple[int, ...], ...]], draft: DraftConfig,
+    *, lag: int,
+) -> float:  # fmt: skip
+    """1 + the accepted length averaged over every position as a root: what a step commits, free of which
+    roots one walk happens to visit, so that two drafters compare on the same roots."""
+    table = NGramTable(draft.ngram_size)
+    roots = range(start, len(tokens))
+    return 1 + sum(_accepted(tokens, root, levels, draft, table, lag=lag) for root in roots) / max(len(roots), 1)
+
+
+def _accepted(
+    tokens: Sequence[int], root: int, levels: Callable[[int], tuple[tuple[int, ...], ...]], draft: DraftConfig,
+    table: NGramTable, *, lag: int,
+) -> int:  # fmt: skip
+    """Tokens after `root` that its trie accepts (`table` is brought up to what the engine has counted there)."""
+    table.update(tokens, until=root - lag)
+    if root + 1 >= len(tokens):
+        return 0
+    drafts = Drafts(levels=levels(root), ngram_top_k=draft.ngram_top_k)
+    children = candidate_trie(tokens[root], drafts, table).children
+    node = accepted = 0
+    for token in tokens[root + 1 :]:
+        child = children[node].get(token)
+        if child is None:
+            break
+        node, accepted = child, accepted + 1
+    return accepted
 
 
 def replay_file(

@@ -52,6 +52,8 @@ class DataConfig:
     file_tokens: int = 4096  # each file is read in windows of this many tokens
     file_skip: int = 0  # tokens left unread at the start of each file (the benchmark prefixes: 4096)
     file_passes: int = 1  # passes over each file, pass j's windows shifted by j/passes of a window
+    continuations: int = 0  # texts the model writes after windows of the files (sample_tokens each)
+    continuation_prompt: int = 1024  # tokens of a file before each continuation
     generation_dtype: str = "bfloat16"  # a bf16 copy writes ~1.5x faster on CPU; rows are read in fp32 later
     batch_size: int = 16
     seed: int = 0
@@ -150,6 +152,39 @@ def read_window(loaded: LoadedModel, tokens: list[int], *, heads: int, cache: bo
     rows = teacher_forced(loaded.model, tokens, heads=heads)
     rows.save(path)
     return rows
+
+
+def continuation_rows(loaded: LoadedModel, cfg: DataConfig, *, heads: int, progress: Progress | None = None) -> Rows:
+    """Rows of the model's own continuations of windows of `cfg.files` (after their first `file_skip` tokens).
+
+    The text users ask for: long literary or technical context, then the model's own sampled writing,
+    at the positions of a real run (`continuation_prompt` and on). Windows start at seeded random
+    places of all files alike; cached and time-budgeted per batch as the other self-written texts.
+    """
+    if not cfg.continuations or not cfg.files:
+        return empty_rows(int(loaded.model.config.hidden_size), heads)
+    if loaded.tokenizer is None:
+        raise ValueError("continuing text files needs the model's tokenizer")
+    texts = [loaded.tokenizer(Path(n).read_text(encoding="utf-8"))["input_ids"][cfg.file_skip :] for n in cfg.files]
+    starts = [(i, s) for i, ids in enumerate(texts) for s in range(len(ids) - cfg.continuation_prompt + 1)]
+    if not starts:
+        raise ConfigError(f"the --data files are shorter than {cfg.continuation_prompt} tokens after the skipped ones")
+    generator = torch.Generator().manual_seed(cfg.seed)
+    picks = torch.randint(len(starts), (cfg.continuations,), generator=generator).tolist()
+    prompts = [texts[i][s : s + cfg.continuation_prompt] for i, s in (starts[p] for p in picks)]
+    model = copy.deepcopy(loaded.model).to(getattr(torch, cfg.generation_dtype))
+    distill = DistillConfig(new_tokens=cfg.sample_tokens, batch_size=cfg.batch_size, seed=cfg.seed + 20_000)
+    done = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        done += count * cfg.sample_tokens
+        if progress is not None:
+            progress("continuing text files", done, len(prompts) * cfg.sample_tokens)
+
+    deadline = time.monotonic() + cfg.write_minutes * 60 if cfg.write_minutes is not None else None
+    return self_distill(model, prompts, distill, heads=heads, suppress=list(end_of_text_ids(loaded)),
+                        folder=rows_cache(loaded), on_batch=advance, deadline=deadline)  # fmt: skip
 
 
 def check_training_files(files: Sequence[str]) -> tuple[str, ...]:
