@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import PREFIX, build_tiny_folder
+from cli_helpers import PREFIX, build_tiny_folder, cli
 
 from tokenswift_cli.config import ConfigError, ModelSpec
+from tokenswift_cli.model.heads import read_metadata
 from tokenswift_cli.model.loading import load_model
 from tokenswift_cli.train.data import read_states, teacher_forced
 from tokenswift_cli.train.run import DataConfig, continuation_rows, file_rows, rows_cache
@@ -61,3 +63,26 @@ def test_continuations_write_after_windows_of_the_files(tmp_path: Path, monkeypa
     assert torch.equal(again.targets, rows.targets) and torch.equal(again.hidden, rows.hidden)
     with pytest.raises(ConfigError, match="shorter than 9999"):
         continuation_rows(loaded, replace(cfg, continuation_prompt=9999), heads=2)
+
+
+def test_train_heads_continues_the_data_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--data-continuations` adds the written continuations to the rows read from `--data`; the metadata says so."""
+    monkeypatch.setenv("TOKENSWIFT_CACHE", str(tmp_path / "cache"))
+    model = build_tiny_folder(tmp_path / "tiny")
+    text = tmp_path / "text.txt"
+    text.write_text(PREFIX * 4)
+    out = tmp_path / "heads.safetensors"
+    result = cli(
+        "train-heads", "-m", model, "--out", out, "--samples", 0, "--held-out-samples", 0, "--long-windows", 0,
+        "--data", text, "--data-continuations", 3, "--data-prompt-tokens", 16, "--sample-tokens", 10,
+        "--write-batch", 2, "--steps", 2, "--batch-size", 8, "--num-heads", 2,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = read_metadata(out)
+    words = len(PREFIX.split()) * 4
+    assert int(meta["rows"]) == (words - 1 - 2) + 3 * (10 - 2)  # the file read, then three continuations
+    data = json.loads(meta["data"])
+    assert data["continuations"] == 3 and data["continuation_prompt"] == 16
+    result = cli("train-heads", "-m", model, "--out", out, "--samples", 0, "--long-windows", 0, "--data", text,
+                 "--data-continuations", 1, "--data-prompt-tokens", 9999, "--steps", 1)  # fmt: skip
+    assert result.exit_code != 0 and "shorter than 9999 tokens" in result.output
