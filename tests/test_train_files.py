@@ -75,14 +75,15 @@ def test_train_heads_continues_the_data_files(tmp_path: Path, monkeypatch: pytes
     result = cli(
         "train-heads", "-m", model, "--out", out, "--samples", 0, "--held-out-samples", 0, "--long-windows", 0,
         "--data", text, "--data-continuations", 3, "--data-prompt-tokens", 16, "--sample-tokens", 10,
-        "--write-batch", 2, "--steps", 2, "--batch-size", 8, "--num-heads", 2,
+        "--write-batch", 2, "--data-write-batch", 1, "--steps", 2, "--batch-size", 8, "--num-heads", 2,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     meta = read_metadata(out)
     words = len(PREFIX.split()) * 4
     assert int(meta["rows"]) == (words - 1 - 2) + 3 * (10 - 2)  # the file read, then three continuations
     data = json.loads(meta["data"])
-    assert data["continuations"] == 3 and data["continuation_prompt"] == 16
+    assert data["continuations"] == 3 and data["continuation_prompt"] == 16 and data["continuation_batch"] == 1
+    assert len(list((tmp_path / "cache").rglob("batch-*.safetensors"))) == 3  # one continuation per batch
     result = cli("train-heads", "-m", model, "--out", out, "--samples", 0, "--long-windows", 0, "--data", text,
                  "--data-continuations", 1, "--data-prompt-tokens", 9999, "--steps", 1)  # fmt: skip
     assert result.exit_code != 0 and "shorter than 9999 tokens" in result.output

@@ -60,6 +60,9 @@ def train_heads_command(
         int, _opt("Texts the model writes after windows of the --data files (--sample-tokens each).", _DATA, min=0)
     ] = 0,
     data_prompt_tokens: Annotated[int, _opt("Tokens of a --data file before each continuation.", _DATA, min=1)] = 1024,
+    data_write_batch: Annotated[
+        int | None, _opt("Continuations written at once [default: --write-batch].", _DATA, min=1, show_default=False)
+    ] = None,
     samples: Annotated[int, _opt("Texts the model writes itself.", _DATA, min=0)] = 32,
     sample_tokens: Annotated[int, _opt("Tokens per self-written text.", _DATA, min=8)] = 512,
     write_batch: Annotated[int, _opt("Texts written at once (hundreds on a GPU).", _DATA, min=1)] = 16,
@@ -105,7 +108,7 @@ def train_heads_command(
         samples=samples, sample_tokens=sample_tokens, long_windows=long_windows, long_tokens=long_tokens,
         held_out_samples=held_out_samples, files=files, batch_size=write_batch, seed=seed, write_minutes=write_minutes,
         file_skip=data_skip, file_passes=data_passes, continuations=data_continuations,
-        continuation_prompt=data_prompt_tokens,
+        continuation_prompt=data_prompt_tokens, continuation_batch=data_write_batch,
     )  # fmt: skip
     out = out or default_out(model)
     if fresh:

@@ -54,6 +54,7 @@ class DataConfig:
     file_passes: int = 1  # passes over each file, pass j's windows shifted by j/passes of a window
     continuations: int = 0  # texts the model writes after windows of the files (sample_tokens each)
     continuation_prompt: int = 1024  # tokens of a file before each continuation
+    continuation_batch: int | None = None  # continuations written at once (None: batch_size)
     generation_dtype: str = "bfloat16"  # a bf16 copy writes ~1.5x faster on CPU; rows are read in fp32 later
     batch_size: int = 16
     seed: int = 0
@@ -173,7 +174,8 @@ def continuation_rows(loaded: LoadedModel, cfg: DataConfig, *, heads: int, progr
     picks = torch.randint(len(starts), (cfg.continuations,), generator=generator).tolist()
     prompts = [texts[i][s : s + cfg.continuation_prompt] for i, s in (starts[p] for p in picks)]
     model = copy.deepcopy(loaded.model).to(getattr(torch, cfg.generation_dtype))
-    distill = DistillConfig(new_tokens=cfg.sample_tokens, batch_size=cfg.batch_size, seed=cfg.seed + 20_000)
+    batch = cfg.continuation_batch or cfg.batch_size
+    distill = DistillConfig(new_tokens=cfg.sample_tokens, batch_size=batch, seed=cfg.seed + 20_000)
     done = 0
 
     def advance(count: int) -> None:
