@@ -69,7 +69,8 @@ def train_heads_command(
     long_windows: Annotated[int, _opt("Long windows: the texts joined and read back.", _DATA, min=0)] = 2,
     long_tokens: Annotated[int, _opt("Tokens per long window.", _DATA, min=8)] = 4096,
     write_minutes: Annotated[
-        float | None, _opt("Write no new batch of texts after this many minutes.", _DATA, show_default=False)
+        float | None,
+        _opt("Write no new batch after this many minutes (texts, continuations: each).", _DATA, show_default=False),
     ] = None,
     held_out_samples: Annotated[int, _opt("Held-out texts written from subjects never trained on.", _DATA, min=0)] = 8,
     steps: Annotated[int, _opt("Optimizer steps.", min=1)] = 1500,
