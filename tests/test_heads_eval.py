@@ -34,6 +34,7 @@ def test_replay_commits_what_the_engine_commits(with_heads: bool, greedy: bool) 
     assert (result.heads if with_heads else result.no_heads) == pytest.approx(stats.mean_accepted)
     assert result.oracle > 1.0 and result.heads_no_lag >= 1.0
     assert min(result.heads_every_root, result.no_heads_every_root) >= 1.0
+    assert 0.0 <= result.drawn_top1 <= result.drawn_top3 <= 1.0
 
 
 def test_every_root_accepts_the_greedy_top_token() -> None:

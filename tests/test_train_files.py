@@ -12,18 +12,24 @@ from cli_helpers import PREFIX, build_tiny_folder, cli
 
 from tokenswift_cli.config import ConfigError, ModelSpec
 from tokenswift_cli.model.heads import read_metadata
-from tokenswift_cli.model.loading import load_model
+from tokenswift_cli.model.loading import LoadedModel, load_model
 from tokenswift_cli.train.data import read_states, teacher_forced
 from tokenswift_cli.train.run import DataConfig, continuation_rows, file_rows, rows_cache
 
 
-def test_file_rows_skip_the_prefix_and_shift_their_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def tiny_and_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LoadedModel, Path, list[int]]:
+    """A tiny model (its rows cached under tmp_path), a text file and the text's token ids."""
     monkeypatch.setenv("TOKENSWIFT_CACHE", str(tmp_path / "cache"))
     loaded = load_model(ModelSpec(name=str(build_tiny_folder(tmp_path / "tiny")), weights="dense"))
     assert loaded.tokenizer is not None
     text = tmp_path / "text.txt"
     text.write_text(PREFIX * 4)
-    ids = loaded.tokenizer(text.read_text())["input_ids"]
+    return loaded, text, loaded.tokenizer(text.read_text())["input_ids"]
+
+
+def test_file_rows_skip_the_prefix_and_shift_their_passes(tiny_and_text: tuple[LoadedModel, Path, list[int]]) -> None:
+    loaded, text, ids = tiny_and_text
     skip, window = 10, 32
     rows = file_rows(loaded, [str(text)], window=window, heads=2, skip=skip, passes=2, cache=True)
     rest = ids[skip:]
@@ -39,15 +45,10 @@ def test_file_rows_skip_the_prefix_and_shift_their_passes(tmp_path: Path, monkey
     assert torch.equal(again.hidden, rows.hidden) and torch.equal(again.teacher_logp, rows.teacher_logp)
 
 
-def test_continuations_write_after_windows_of_the_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_continuations_write_after_windows_of_the_files(tiny_and_text: tuple[LoadedModel, Path, list[int]]) -> None:
     """The model continues seeded windows of the files (after the skipped prefix); rows start at the
     end of each window's prompt, cached per batch, the same on a second call."""
-    monkeypatch.setenv("TOKENSWIFT_CACHE", str(tmp_path / "cache"))
-    loaded = load_model(ModelSpec(name=str(build_tiny_folder(tmp_path / "tiny")), weights="dense"))
-    assert loaded.tokenizer is not None
-    text = tmp_path / "text.txt"
-    text.write_text(PREFIX * 4)
-    ids = loaded.tokenizer(text.read_text())["input_ids"]
+    loaded, text, ids = tiny_and_text
     cfg = DataConfig(files=(str(text),), file_skip=10, continuations=3, continuation_prompt=20, sample_tokens=12,
                      batch_size=2, generation_dtype="float32")  # fmt: skip
     rows = continuation_rows(loaded, cfg, heads=2)
