@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,8 +66,24 @@ def _rounded_fn(x, TO_BF16: tl.constexpr, dtype: tl.constexpr):  # type: ignore[
     return x.to(dtype)
 
 
-# The kernels here and in layer_kernels.py find it among their module's globals, jitted.
+def _pinned_fn(x):  # type: ignore[no-untyped-def]
+    """Float64 `x` as it is, through an opaque move: `tl.dot` then sizes its operand as float64.
+
+    Without it Triton traces a `tl.dot` operand back through its casts to the bfloat16 load, gives it a
+    16-bit operand layout, and float64 tensor cores cannot take that on sm_90 ("Currently fp64 don't support
+    largeK MMA", Triton 3.6): the kernel would not compile.
+    """
+    return tl.inline_asm_elementwise("mov.b64 $0, $1;", "=d,d", [x], dtype=tl.float64, is_pure=False, pack=1)
+
+
+def _unpinned_fn(x):  # type: ignore[no-untyped-def]
+    """The interpreter runs no assembly; it has no layouts to mislead either."""
+    return x
+
+
+# The kernels here and in layer_kernels.py find these among their module's globals, jitted.
 rounded = triton.jit(_rounded_fn) if triton is not None else None
+pinned = triton.jit(_unpinned_fn if triton.knobs.runtime.interpret else _pinned_fn) if triton is not None else None
 
 
 def _split_kernel(  # type: ignore[no-untyped-def]
@@ -107,14 +124,14 @@ def _split_kernel(  # type: ignore[no-untyped-def]
         kd_ok = k_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv * s_kh + keys[:, None] * s_kn + d[None, :], mask=kd_ok, other=0.0).to(tl.float64)
         if USE_DOT:  # float64 tensor cores (DMMA on Hopper): exact products, float64 sums
-            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scaling  # [rows, keys]
+            scores = tl.dot(pinned(q), pinned(tl.trans(k))).to(tl.float32) * scaling  # [rows, keys]
         else:
             scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2).to(tl.float32) * scaling
         column = keys - held  # a key's column in the new tokens' block
         in_tree = k_ok & (column >= 0)
         if HAS_SINKS:
             if USE_DOT:
-                sink_scores = tl.dot(sink_q, tl.trans(k)).to(tl.float32) * scaling
+                sink_scores = tl.dot(pinned(sink_q), pinned(tl.trans(k))).to(tl.float32) * scaling
             else:
                 sink_scores = tl.sum(sink_q[:, None, :] * k[None, :, :], axis=2).to(tl.float32) * scaling
             tree_sink = tl.load(tree_sinks_ptr + column, mask=in_tree, other=0) != 0
@@ -137,7 +154,7 @@ def _split_kernel(  # type: ignore[no-untyped-def]
         v = tl.load(v_ptr + kv * s_vh + keys[:, None] * s_vn + d[None, :], mask=kd_ok, other=0.0).to(tl.float64)
         total = total * rescale + tl.sum(weights, 1)
         if USE_DOT:
-            acc = acc * rescale[:, None] + tl.dot(weights, v)
+            acc = acc * rescale[:, None] + tl.dot(pinned(weights), pinned(v))
         else:
             acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
         m = new_m
@@ -186,8 +203,9 @@ def _kernels() -> tuple[Any, Any]:
 
 
 @functools.cache
-def agrees(device: torch.device, dtype: torch.dtype) -> str | None:
-    """None if the kernels give `float64_attention`'s bits on `device` in `dtype` (a small random case), else why not.
+def agrees(device: torch.device, dtype: torch.dtype, *, dot: bool = False) -> str | None:
+    """None if the kernels (`dot`: the tensor-core variant) give `float64_attention`'s bits on `device` in `dtype`
+    (a small random case), else why not.
 
     Checked once per process before the padded backend relies on them: a Triton that cannot build
     them, or builds them otherwise, sends attention back to the torch version.
@@ -200,7 +218,7 @@ def agrees(device: torch.device, dtype: torch.dtype) -> str | None:
         (1, 6, rows, 64), (1, 2, held + rows, 64), (1, 2, held + rows, 64)))  # fmt: skip
     visible = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
     try:
-        got = kernel_attention(query, keys, values, held, tree_visible=visible, scaling=0.125)
+        got = kernel_attention(query, keys, values, held, tree_visible=visible, scaling=0.125, dot=dot)
     except Exception as error:  # noqa: BLE001 (any failure to build or run: the torch version serves)
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     cache_k, cache_v = keys[:, :, :held], values[:, :, :held]
@@ -209,6 +227,42 @@ def agrees(device: torch.device, dtype: torch.dtype) -> str | None:
     )
     differing = int((got != expected).sum())
     return None if differing == 0 else f"{differing} of {got.numel()} values differ from float64_attention"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one attention call runs: its grid and the kernels' compile-time constants (`variants.py` lists them all)."""
+
+    row_blocks: int
+    splits: int
+    block_m: int
+    block_n: int
+    block_d: int
+    head_dim: int
+    dot: bool
+
+    @classmethod
+    def of(cls, *, q_rows: int, group: int, kv: int, head_dim: int, capacity: int, dot: bool) -> Launch:
+        blocks = DOT_BLOCKS if dot else ROW_BLOCKS
+        block_m = blocks[0] if group * q_rows <= blocks[0] else blocks[1]
+        row_blocks = -(-group * q_rows // block_m)
+        return cls(
+            row_blocks=row_blocks, splits=splits_for(capacity, kv, row_blocks), block_m=block_m,
+            block_n=DOT_KEY_BLOCK if dot else KEY_BLOCK, block_d=max(16, 1 << (head_dim - 1).bit_length()),
+            head_dim=head_dim, dot=dot,
+        )  # fmt: skip
+
+    def split_constants(self, *, sinks: bool, cache_mask: bool) -> dict[str, Any]:
+        return dict(
+            SPLITS=self.splits, BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=self.block_d,
+            HEAD_DIM=self.head_dim, HAS_SINKS=sinks, HAS_CACHE_MASK=cache_mask, USE_DOT=self.dot,
+        )  # fmt: skip
+
+    def combine_constants(self, *, out_is_bf16: bool) -> dict[str, Any]:
+        return dict(
+            SPLITS=self.splits, BLOCK_M=self.block_m, BLOCK_D=self.block_d, HEAD_DIM=self.head_dim,
+            OUT_IS_BF16=out_is_bf16,
+        )  # fmt: skip
 
 
 def splits_for(capacity: int, kv_heads: int, row_blocks: int) -> int:
@@ -242,14 +296,9 @@ def kernel_attention(
     """
     _, heads, q_rows, head_dim = query.shape
     kv, capacity = keys.shape[1], keys.shape[2]
-    group, device = heads // kv, query.device
-    if dot:
-        block_m = DOT_BLOCKS[0] if group * q_rows <= DOT_BLOCKS[0] else DOT_BLOCKS[1]
-    else:
-        block_m = ROW_BLOCKS[0] if group * q_rows <= ROW_BLOCKS[0] else ROW_BLOCKS[1]
-    row_blocks = -(-group * q_rows // block_m)
-    splits = splits_for(capacity, kv, row_blocks)
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    device = query.device
+    launch = Launch.of(q_rows=q_rows, group=heads // kv, kv=kv, head_dim=head_dim, capacity=capacity, dot=dot)
+    row_blocks, splits, block_m, block_d = launch.row_blocks, launch.splits, launch.block_m, launch.block_d
     if not isinstance(held, torch.Tensor):
         held = torch.tensor(held, dtype=torch.long, device=device)
     query = query if query.stride(3) == 1 else query.contiguous()  # rows and heads may be strided (a slice)
@@ -267,14 +316,13 @@ def kernel_attention(
     assert keys.stride(3) == values.stride(3) == 1 and keys.stride(0) == keys.shape[1] * keys.stride(1)
     split_kernel[(row_blocks, splits + 1, kv)](
         query, sink_query, keys, values, held, tree_visible, mask, sinks, m, total, acc,
-        scaling, q_rows, group, tree_visible.shape[1], cache_sinks,
+        scaling, q_rows, heads // kv, tree_visible.shape[1], cache_sinks,
         query.stride(1), query.stride(2), keys.stride(1), keys.stride(2), values.stride(1), values.stride(2),
         tree_visible.stride(0), mask.stride(0),
-        SPLITS=splits, BLOCK_M=block_m, BLOCK_N=DOT_KEY_BLOCK if dot else KEY_BLOCK, BLOCK_D=block_d,
-        HEAD_DIM=head_dim, HAS_SINKS=sink_query is not query, HAS_CACHE_MASK=cache_visible is not None, USE_DOT=dot,
+        **launch.split_constants(sinks=sink_query is not query, cache_mask=cache_visible is not None),
     )  # fmt: skip
     combine_kernel[(row_blocks, kv)](
-        m, total, acc, out, q_rows, group, out.stride(1),
-        SPLITS=splits, BLOCK_M=block_m, BLOCK_D=block_d, HEAD_DIM=head_dim, OUT_IS_BF16=query.dtype == torch.bfloat16,
+        m, total, acc, out, q_rows, heads // kv, out.stride(1),
+        **launch.combine_constants(out_is_bf16=query.dtype == torch.bfloat16),
     )  # fmt: skip
     return out

@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover
     triton = tl = None
 
 NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"}  # weight * (x / rms(x)), in the input's dtype
+SILU_BLOCK = 1024  # columns of a row per program of the activation
 
 
 def _norm_kernel(  # type: ignore[no-untyped-def]
@@ -130,9 +131,8 @@ def mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     gate_up = joined_product(module, ("gate_proj", "up_proj"), x)  # [1, rows, 2 * width]
     width = gate_up.shape[-1] // 2
     product = gate_up.new_empty(*gate_up.shape[:-1], width)
-    block = 1024
-    _kernels()["silu"][(product.numel() // width, triton.cdiv(width, block))](
-        gate_up, product, width, BLOCK=block, TO_BF16=gate_up.dtype == torch.bfloat16
+    _kernels()["silu"][(product.numel() // width, triton.cdiv(width, SILU_BLOCK))](
+        gate_up, product, width, BLOCK=SILU_BLOCK, TO_BF16=gate_up.dtype == torch.bfloat16
     )
     return module.down_proj(product)
 

@@ -100,7 +100,12 @@ class PaddedBackend(LeanBackend):
             problem = attention_kernel.agrees(self.device, self.dtype)
             if problem is not None:
                 warnings.warn(f"attention through torch: the Triton kernels are unusable ({problem})", stacklevel=2)
-                self.kernel_attention = False
+                self.kernel_attention = self.dot_attention = False
+        if self.dot_attention and self.device.type == "cuda":  # a variant that does not build is never taken
+            problem = attention_kernel.agrees(self.device, self.dtype, dot=True)
+            if problem is not None:
+                warnings.warn(f"many rows through torch: the tensor-core kernel is unusable ({problem})", stacklevel=2)
+                self.dot_attention = False
         # The layers' norms, rotation and activation fused too, where the attention kernels run ("0": not).
         self.fused_layers = (
             attention_kernel.runs_on(self.device)
