@@ -287,7 +287,9 @@ def test_bench_defaults_are_writes(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     """The bench command's defaults build the settings `tokenswift write` builds from its own, before any model."""
     captured: dict[str, Any] = {}
     monkeypatch.setattr(runner, "write", lambda **kwargs: captured.update(kwargs) or 0)
-    monkeypatch.setattr("tokenswift_cli.bench.run.run_bench", lambda request, **_: captured.update(bench=request))
+    monkeypatch.setattr(  # run_bench returns (results, files written)
+        "tokenswift_cli.bench.run.run_bench", lambda request, **_: captured.update(bench=request) or ([], [])
+    )
     prefix = tmp_path / "prefix.txt"
     prefix.write_text(PREFIX, encoding="utf-8")
     assert cli("write", "--prefix", prefix, "--tokens", "2k").exit_code == 0

@@ -6,11 +6,13 @@ only when the command runs.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from tokenswift_cli.cli.errors import hidden_cache_rename
 from tokenswift_cli.cli.help import Command
 from tokenswift_cli.parsing import parse_keep, resolve_device
 
@@ -32,8 +34,13 @@ def parse_counts(text: str) -> list[int]:
     return [parse_count(part) for part in text.split(",") if part.strip()]
 
 
-_HELP_LENGTHS = "Generated lengths for the length axis (prefix: --length-context tokens), e.g. 2k,8k,16k."
-_HELP_CONTEXTS = "Prefix lengths for the context axis (then --context-tokens new tokens), e.g. 2k,8k,32k."
+# parse_count's k is 1,024 (context sizes), not write's 1,000: the help says which.
+_K = "k = 1,024"
+_HELP_LENGTHS = f"Generated lengths for the length axis (prefix: --length-context tokens), e.g. 2k,8k,16k ({_K})."
+_HELP_CONTEXTS = f"Prefix lengths for the context axis (then --context-tokens new tokens), e.g. 2k,8k,32k ({_K})."
+_HELP_OUT = (
+    "Folder for the results: JSON and CSV, and a PNG plot where matplotlib is installed (pip install matplotlib)."
+)
 _HELP_SAMPLING = (
     "default (as write: the model's measured defaults), paper (T=1, min-p 0.1, penalty 1.2 / 1024) or greedy "
     "(argmax with only the rules generate() implements: its text can equal the engine's, column '= generate()')."
@@ -68,9 +75,9 @@ def bench_command(
     ] = "auto",
     heads: Annotated[str, typer.Option(help="Draft heads: 'default' (shipped), 'none', or a file.")] = "default",
     lengths: Annotated[str, typer.Option(help=_HELP_LENGTHS)] = "512,2k",
-    length_context: Annotated[str, typer.Option(help="Prefix tokens of the length axis.")] = "256",
+    length_context: Annotated[str, typer.Option(help=f"Prefix tokens of the length axis ({_K}).")] = "256",
     contexts: Annotated[str, typer.Option(help=_HELP_CONTEXTS)] = "2k,8k",
-    context_tokens: Annotated[str, typer.Option(help="Tokens generated per context-axis case.")] = "256",
+    context_tokens: Annotated[str, typer.Option(help=f"Tokens generated per context-axis case ({_K}).")] = "256",
     prefix_file: Annotated[Path | None, typer.Option(help="Text whose first N tokens are the prefix.")] = None,
     methods: Annotated[
         str,
@@ -89,7 +96,7 @@ def bench_command(
     ngram_top_k: Annotated[int | None, typer.Option(help="N-gram candidates per key; 0 = off.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Interleaved repeats per case (median time).")] = 1,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's choice).")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the JSON/CSV/PNG results.")] = Path("."),
+    out: Annotated[Path, typer.Option("--out", "-o", help=_HELP_OUT)] = Path("."),
     name: Annotated[str, typer.Option(help="Base name of the result files.")] = "bench",
     quick: Annotated[bool, typer.Option("--quick", help="A tiny random model and short cases (seconds).")] = False,
     context_window: Annotated[str | None, typer.Option(help=_HELP_WINDOW, show_default=False)] = None,
@@ -116,10 +123,13 @@ def bench_command(
             draft=draft, tree=tree, ngram_top_k=ngram_top_k, repeats=repeats, threads=threads, quick=quick,
             context_window=context_window, keep=parse_keep(keep), kv_cache=kv_cache,
         )  # fmt: skip
-        run_bench(request, out_dir=out, name=name)
+        with hidden_cache_rename():
+            _, written = run_bench(request, out_dir=out, name=name)
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+    if not any(path.suffix == ".png" for path in written) and importlib.util.find_spec("matplotlib") is None:
+        typer.echo("no plot: matplotlib is not installed (pip install matplotlib)", err=True)
 
 
 def register(app: typer.Typer) -> None:

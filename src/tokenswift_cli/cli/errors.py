@@ -91,3 +91,19 @@ def errors() -> Iterator[None]:
             raise typer.Exit(1) from None
         typer.echo(f"error: {_one_line(error)}", err=True)
         raise typer.Exit(code) from None
+
+
+# transformers 5.24 renamed forward()'s and generate()'s `past_key_values` to `cache` and warns at each
+# call; the versions this package allows (5.17 on) do not all know `cache`, so our calls keep the old
+# name and the commands hide that one notice (any other warning still shows).
+_CACHE_RENAME = r"`past_key_values` is deprecated"
+
+
+@contextlib.contextmanager
+def hidden_cache_rename() -> Iterator[None]:
+    """transformers' notice that `past_key_values` is now `cache`, hidden; every other warning shown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_CACHE_RENAME, category=FutureWarning)
+        yield

@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from tokenswift_cli.cli.errors import errors
+from tokenswift_cli.cli.errors import errors, hidden_cache_rename
 from tokenswift_cli.cli.help import Command
-from tokenswift_cli.cli.options import DeviceOpt, DTypeOpt, JsonOpt, ModelOpt, RunsDirOpt, WeightsOpt
+from tokenswift_cli.cli.options import CpuDeviceOpt, DTypeOpt, JsonOpt, JudgeWeightsOpt, ModelOpt, RunsDirOpt
 
 SourceArg = Annotated[
     list[str],
@@ -37,8 +37,8 @@ def eval_command(
     sources: SourceArg,
     model: ModelOpt = "default",
     dtype: DTypeOpt = "auto",
-    weights: WeightsOpt = "dense",
-    device: DeviceOpt = "cpu",
+    weights: JudgeWeightsOpt = "dense",
+    device: CpuDeviceOpt = "cpu",
     prefix: Annotated[
         Path | None, typer.Option("--prefix", "-p", help="Context before the text (not scored).", show_default=False)
     ] = None,
@@ -75,6 +75,7 @@ def eval_command(
     with errors():
         from tokenswift_cli.config import ConfigError, ContextWindow, ModelSpec
         from tokenswift_cli.parsing import parse_tokens
+        from tokenswift_cli.quality.notes import caption, report_notes, summary_notes, written_tokens
         from tokenswift_cli.quality.report import EvalWindows, evaluate_text, markdown
         from tokenswift_cli.quality.summary import overall, row, run_speed, summary_markdown
 
@@ -87,25 +88,27 @@ def eval_command(
             bucket, distinct_window, None if full_context else window, min(stride, window - 1), chosen, sample
         )
         found = [(source, *_find_text(source, prefix, runs_dir)) for source in sources]
-        reports = [
-            (source, run, *evaluate_text(text, spec, context=context, windows=windows, perplexity=perplexity))
-            for source, text, context, run in found
-        ]
+        with hidden_cache_rename():
+            reports = [
+                (source, run, written_tokens(run, text),
+                 *evaluate_text(text, spec, context=context, windows=windows, perplexity=perplexity))
+                for source, text, context, run in found
+            ]  # fmt: skip
     if len(reports) == 1:
-        source, _, head, report = reports[0]
+        source, _, written, head, report = reports[0]
         if json_out:
-            typer.echo(json.dumps({"source": source, **head, **report.to_dict()}, indent=1))
+            typer.echo(json.dumps({"source": source, **head, "written_tokens": written, **report.to_dict()}, indent=1))
             return
-        typer.echo(" ".join(f"{k}={v}" for k, v in {"source": source, **head}.items()))
-        typer.echo(markdown(report))
+        typer.echo("\n".join([*caption(source, head, report, windows, written), "", markdown(report), ""]))
+        typer.echo("\n".join(report_notes(report)))
         return
-    rows = [row(source, report, run_speed(run)) for source, run, _, report in reports]
+    rows = [row(source, report, run_speed(run), written) for source, run, written, _, report in reports]
     if json_out:
         runs = [{"source": s, **head, **report.to_dict(), "summary": r.to_dict()}
-                for (s, _, head, report), r in zip(reports, rows, strict=True)]  # fmt: skip
+                for (s, _, _, head, report), r in zip(reports, rows, strict=True)]  # fmt: skip
         typer.echo(json.dumps({"runs": runs, "overall": overall(rows).to_dict()}, indent=1))
         return
-    typer.echo(summary_markdown(rows))
+    typer.echo("\n".join([summary_markdown(rows), "", *summary_notes(rows)]))
 
 
 def _find_text(source: str, prefix: Path | None, runs_dir: Path | None) -> tuple[str, str, Path | None]:

@@ -14,7 +14,7 @@ import typer
 
 from tokenswift_cli.cli.errors import errors
 from tokenswift_cli.cli.help import Command, Group
-from tokenswift_cli.cli.options import DeviceOpt, ModelOpt
+from tokenswift_cli.cli.options import CpuDeviceOpt, ModelOpt
 
 if TYPE_CHECKING:
     from tokenswift_cli.train.fit import Accuracy
@@ -24,7 +24,8 @@ IMPORT_EXAMPLE = (
     "--model meta-llama/Llama-3.1-8B"
 )
 EVAL_EXAMPLE = (
-    "Example: tokenswift heads eval my-heads.safetensors --text novel.txt --prefix-tokens 256 --prefix-tokens 4096"
+    "Example: tokenswift heads eval my-heads.safetensors --text prompts/letters.txt "
+    "--prefix-tokens 256 --prefix-tokens 4096"
 )
 INFO_EXAMPLE = "Example: tokenswift heads info my-heads.safetensors"
 
@@ -92,14 +93,14 @@ def eval_command(
         ),
     ] = None,
     model: ModelOpt = "default",
-    device: DeviceOpt = "cpu",
+    device: CpuDeviceOpt = "cpu",
     tokens: Annotated[
         int, typer.Option(help="Tokens read from each file for the accuracy (from its start).", min=16)
     ] = 4096,
     prefix_tokens: Annotated[
         list[int] | None,
         typer.Option(
-            help="Tokens per file before the model writes (repeatable: short and long) [default: 1024].",
+            help="Tokens per file before the model writes (repeatable: short and long; default: 1024).",
             show_default=False,
         ),
     ] = None,

@@ -67,13 +67,12 @@ StopOpt = Annotated[
         show_default=False,
     ),
 ]
-TokensOpt = Annotated[
-    str, typer.Option("--tokens", "-n", help="Tokens to write: 20000, 2k, 1.5k, 100k.", show_default=False)
-]
-RaiseTokensOpt = Annotated[
-    str | None,
-    typer.Option("--tokens", "-n", help="Raise the run's target to this many tokens (e.g. 8k).", show_default=False),
-]
+# parsing.parse_tokens: k = 1,000 and m = 1,000,000 (test_cli checks that the help says what it parses).
+TOKEN_SUFFIXES = "k = 1,000, m = 1,000,000"
+_TOKENS_HELP = f"Tokens to write: 20000, 2k, 1.5k, 100k or 1m ({TOKEN_SUFFIXES})."
+_RAISE_HELP = f"Raise the run's target to this many tokens: 8k, 1.5m ({TOKEN_SUFFIXES})."
+TokensOpt = Annotated[str, typer.Option("--tokens", "-n", help=_TOKENS_HELP, show_default=False)]
+RaiseTokensOpt = Annotated[str | None, typer.Option("--tokens", "-n", help=_RAISE_HELP, show_default=False)]
 
 # Model
 ModelOpt = Annotated[
@@ -91,15 +90,13 @@ HeadsOpt = Annotated[
     ),
 ]  # fmt: skip
 DTypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16.", rich_help_panel=_MODEL)]
-WeightsOpt = Annotated[
-    str,
-    typer.Option(
-        "--weights",
-        help="auto (4-bit on a CPU when the model already is, e.g. the embedded one), dense or int4 "
-        "(the decoder's linear layers on 4-bit weights, CPU).",
-        rich_help_panel=_MODEL,
-    ),
-]
+_INT4 = "int4 (the decoder's linear layers on 4-bit weights, CPU)"
+_AUTO_WEIGHTS = "auto (4-bit on a CPU when the model already is, e.g. the embedded one)"
+_WEIGHTS = f"{_AUTO_WEIGHTS}, dense or {_INT4}."
+WeightsOpt = Annotated[str, typer.Option("--weights", help=_WEIGHTS, rich_help_panel=_MODEL)]
+# eval's judge reads the dense weights unless told otherwise: its NLL is the model's, not a 4-bit copy's.
+_JUDGE_WEIGHTS = f"dense (the judge's NLL is the full-precision model's), {_AUTO_WEIGHTS} or {_INT4}."
+JudgeWeightsOpt = Annotated[str, typer.Option("--weights", help=_JUDGE_WEIGHTS, rich_help_panel=_MODEL)]
 RopeScalingOpt = Annotated[
     str,
     typer.Option(
@@ -140,8 +137,12 @@ RopeFactorOpt = Annotated[
     float | None,
     typer.Option("--rope-factor", help="YaRN factor (default: sized to the run).", rich_help_panel=_MODEL),
 ]
-_DEVICE_HELP = "cpu, cuda, cuda:N, mps or auto (shard over GPUs). Default: cuda where a GPU is present, else cpu."
+_DEVICES = "cpu, cuda, cuda:N, mps or auto (shard over GPUs)."
+# write's default: parsing.resolve_device picks it when the flag is left out (None).
+_DEVICE_HELP = f"{_DEVICES} Default: cuda where a GPU is present, else cpu."
 DeviceOpt = Annotated[str | None, typer.Option("--device", help=_DEVICE_HELP, rich_help_panel=_MODEL)]
+# The commands that default to the CPU (eval, train-heads, heads eval): their [default: cpu] says so.
+CpuDeviceOpt = Annotated[str, typer.Option("--device", help=_DEVICES, rich_help_panel=_MODEL)]
 
 
 # Sampling

@@ -18,7 +18,7 @@ import typer
 from tokenswift_cli.cli.errors import errors
 from tokenswift_cli.cli.heads import TextFiles, accuracy_table, default_out, progress_bar, say
 from tokenswift_cli.cli.help import Command
-from tokenswift_cli.cli.options import DeviceOpt, ModelOpt
+from tokenswift_cli.cli.options import CpuDeviceOpt, ModelOpt
 
 EXAMPLE = (
     "Example: tokenswift train-heads --device cuda --samples 256 --sample-tokens 2048 --write-batch 256 "
@@ -38,7 +38,7 @@ def _opt(help: str, panel: str = _TRAIN, *decls: str, **kwargs: Any) -> Any:
 @errors()
 def train_heads_command(
     model: ModelOpt = "default",
-    device: DeviceOpt = "cpu",
+    device: CpuDeviceOpt = "cpu",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Heads file to write.", show_default=False)] = None,
     num_heads: Annotated[int, _opt("K: heads to train (the tree's depth below level 1).", min=1)] = 3,
     chained: Annotated[
@@ -61,7 +61,7 @@ def train_heads_command(
     ] = 0,
     data_prompt_tokens: Annotated[int, _opt("Tokens of a --data file before each continuation.", _DATA, min=1)] = 1024,
     data_write_batch: Annotated[
-        int | None, _opt("Continuations written at once [default: --write-batch].", _DATA, min=1, show_default=False)
+        int | None, _opt("Continuations written at once (default: --write-batch).", _DATA, min=1, show_default=False)
     ] = None,
     samples: Annotated[int, _opt("Texts the model writes itself.", _DATA, min=0)] = 32,
     sample_tokens: Annotated[int, _opt("Tokens per self-written text.", _DATA, min=8)] = 512,

@@ -58,6 +58,12 @@ class Row:
     distinct: tuple[float, ...]
     repeated_sentences: float
     speed: Speed | None
+    written: int | None = None  # the tokens a run wrote (`tokens` is the judge's count: notes.py says why)
+
+    @property
+    def shown_tokens(self) -> int:
+        """The count the table shows: the run's own where known, else the judge's."""
+        return self.written if self.written is not None else self.tokens
 
     @property
     def degenerate_share(self) -> float | None:
@@ -66,7 +72,8 @@ class Row:
     def to_dict(self) -> dict[str, Any]:
         speed = self.speed
         return {
-            "source": self.source, "tokens": self.tokens, "stretches": self.stretches, "degenerate": self.degenerate,
+            "source": self.source, "tokens": self.tokens, "written_tokens": self.written,
+            "stretches": self.stretches, "degenerate": self.degenerate,
             "degenerate_share": self.degenerate_share, "nll": self.nll, "distinct": list(self.distinct),
             "repeated_sentences": self.repeated_sentences,
             "tokens_per_second": speed.tokens_per_second if speed else None,
@@ -74,7 +81,7 @@ class Row:
         }  # fmt: skip
 
 
-def row(source: str, report: QualityReport, speed: Speed | None) -> Row:
+def row(source: str, report: QualityReport, speed: Speed | None, written: int | None = None) -> Row:
     sizes = [w.end - w.start for w in report.distinct]
     distinct = tuple(
         sum(size * w.distinct[n] for size, w in zip(sizes, report.distinct, strict=True)) / sum(sizes)
@@ -82,7 +89,7 @@ def row(source: str, report: QualityReport, speed: Speed | None) -> Row:
     ) if sizes else ()  # fmt: skip
     degenerate = sum(s.degenerate for s in report.stretches)
     return Row(source, report.tokens, len(report.stretches), degenerate, report.nll, distinct,
-               report.repeated_sentences, speed)  # fmt: skip
+               report.repeated_sentences, speed, written)  # fmt: skip
 
 
 def _weighted(rows: Sequence[Row], values: Sequence[float | None]) -> float | None:
@@ -101,6 +108,7 @@ def overall(rows: Sequence[Row]) -> Row:
         "overall", sum(r.tokens for r in rows), sum(r.stretches for r in rows), sum(r.degenerate for r in rows),
         _weighted(rows, [r.nll for r in rows]), distinct if with_distinct else (),
         _weighted(rows, [r.repeated_sentences for r in rows]) or 0.0, speed if speeds else None,
+        sum(r.shown_tokens for r in rows) if any(r.written is not None for r in rows) else None,
     )  # fmt: skip
 
 
@@ -109,11 +117,11 @@ def _cells(r: Row) -> str:
     nll = "-" if r.nll is None else f"{r.nll:.2f}"
     distinct = " | ".join(f"{d:.3f}" for d in r.distinct) if r.distinct else "- | - | - | -"
     speed = "- | -" if r.speed is None else f"{r.speed.tokens_per_second:.1f} | {r.speed.tokens_per_step:.2f}"
-    return f"| {r.source} | {r.tokens} | {share} | {nll} | {distinct} | {r.repeated_sentences:.1%} | {speed} |"
+    return f"| {r.source} | {r.shown_tokens} | {share} | {nll} | {distinct} | {r.repeated_sentences:.1%} | {speed} |"
 
 
 def summary_markdown(rows: Sequence[Row]) -> str:
-    """One markdown table: a line per text, then the overall line."""
+    """One markdown table: a line per text, then the overall line (notes.py says what its dashes mean)."""
     head = [
         "| source | tokens | degenerate | NLL | distinct-1 | distinct-2 | distinct-3 | distinct-4 "
         "| repeated sentences | tokens/s | tokens/step |",
