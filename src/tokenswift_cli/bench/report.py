@@ -25,7 +25,9 @@ LEFT = ("method", "distinct-1..4", "= plain", "= generate()")
 NOTE = ("x plain, x generate: tokens/s over theirs, on runs of the full length. = generate(): the engine's text "
         "against transformers' generate() with the same settings; n/a where it differs by design (sampled: "
         "another random stream; extra rules: what generate() does not implement). --sampling greedy compares "
-        "them with only generate()'s rules.")  # fmt: skip
+        "them with only generate()'s rules. alpha (drafts accepted per draft slot), acc len (tokens per step) and "
+        "beta (accepted n-gram drafts per slot) are TokenSwift's: - for the other methods; x plain, x generate: - "
+        "where either run wrote fewer tokens than asked.")  # fmt: skip
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:

@@ -1,10 +1,11 @@
-"""`tokenswift runs`: list the runs, show one, remove one. Thin: runs.py reads the run folders."""
+"""`tokenswift runs`: list the runs, show one, remove some. Thin: runs/store.py reads the run folders."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,11 +13,25 @@ from tokenswift_cli.cli.errors import errors
 from tokenswift_cli.cli.help import Command, Group
 from tokenswift_cli.cli.options import JsonOpt, RunArg, RunsDirOpt
 
+if TYPE_CHECKING:
+    from tokenswift_cli.runs.store import RunInfo
+
 runs_app = typer.Typer(
     cls=Group,
-    help="List runs, show one, remove one.\n\nExample: tokenswift runs show run-003 --json",
+    help="List runs, show one, remove some.\n\nExample: tokenswift runs show run-003 --json",
     pretty_exceptions_show_locals=False,
 )
+RunsArg = Annotated[
+    list[str],
+    typer.Argument(
+        help="Runs to delete: run-042, 42 or a run folder's path; several at once.", metavar="RUN...",
+        show_default=False,
+    ),
+]  # fmt: skip
+YesOpt = Annotated[
+    bool, typer.Option("--yes", "-y", help="Delete without asking (needed when stdin is not a terminal).")
+]
+SHORT = 40  # characters of a prompt, a prefix or an --out path in the listing
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +41,7 @@ def register(app: typer.Typer) -> None:
 
 @runs_app.callback(invoke_without_command=True)
 def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
-    """List runs: id, state, model, progress, tokens/s, alpha."""
+    """List runs: id, start, state, progress, speed, drafts, model, prompt or prefix, --out."""
     if ctx.invoked_subcommand is not None:
         return
     from rich.console import Console
@@ -44,15 +59,16 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
         typer.echo(f"no runs in {root}")
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("run", "state", "resume", "model", "progress", "tok/s", "alpha", "created"):
+    for column in ("run", "started", "state", "resume", "progress", "tok/s", "alpha", "model", "prompt or prefix"):
         table.add_column(column, justify="right" if column in ("progress", "tok/s", "alpha") else "left")
+    table.add_column("--out", overflow="fold")
     for info in infos:
         # Any stopped run whose files allow it resumes, a failed one too; done and running ones say nothing.
         resume = ("yes" if info.resumable else "no") if info.state in ("interrupted", "failed", "incomplete") else ""
         progress = f"{info.generated:,}/{info.target:,}" if info.state != "incomplete" else "-"
         table.add_row(
-            info.id, info.state, resume, info.model, progress,
-            f"{info.tokens_per_second:.1f}", f"{info.alpha:.2f}", info.created.replace("T", " ")[:16],
+            info.id, started(info.created), info.state, resume, progress, f"{info.tokens_per_second:.1f}",
+            f"{info.alpha:.2f}", info.model, shortened(info.subject), shortened(info.out or "", tail=True),
         )  # fmt: skip
     # Not a terminal: as wide as the rows need (a pipe's reader wants whole states and dates).
     Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240).print(table)
@@ -116,11 +132,54 @@ def _on_disk(report: dict[str, Any]) -> str:
     return f"no checkpoint yet: a resume starts again from the {tokens:,}-token prefix; {text}"
 
 
-@runs_app.command("rm", cls=Command, epilog="Example: tokenswift runs rm run-003")
-def runs_rm(run: RunArg, runs_dir: RunsDirOpt = None) -> None:
-    """Delete a run folder (checkpoints and text included)."""
-    from tokenswift_cli.runs import store as runs
+@runs_app.command("rm", cls=Command, epilog="Example: tokenswift runs rm run-003 run-004 (--yes: without asking)")
+def runs_rm(runs: RunsArg, yes: YesOpt = False, runs_dir: RunsDirOpt = None) -> None:
+    """Delete runs (their checkpoints and text included), after asking."""
+    from tokenswift_cli.config import ConfigError
+    from tokenswift_cli.runs import store
 
     with errors():
-        path = runs.remove_run(runs.runs_root(runs_dir), run)
-    typer.echo(f"removed {path}", err=True)
+        root = store.runs_root(runs_dir)
+        # Every name is checked before anything is deleted: a typo deletes nothing.
+        infos = [store.run_info(path) for path in dict.fromkeys(store.resolve_run(root, name) for name in runs)]
+        for info in infos:
+            if info.state == "running":
+                raise store.RunError(f"{info.id} is running; stop it first")
+        if not yes:
+            if not stdin_is_terminal():  # `echo n |`, a script: nobody can answer, so nothing is deleted
+                raise ConfigError("runs rm asks before deleting and stdin is not a terminal: add --yes to delete")
+            for info in infos:
+                typer.echo(f"  {_described(info)}", err=True)
+            plural = f"these {len(infos)} runs" if len(infos) > 1 else "this run"
+            if not typer.confirm(f"Delete {plural}, checkpoints and text included?", default=False, err=True):
+                typer.echo("nothing deleted", err=True)
+                raise typer.Exit(1)
+        for info in infos:
+            typer.echo(f"removed {store.remove_run(root, str(info.path))}", err=True)
+
+
+def stdin_is_terminal() -> bool:
+    """Whether someone can answer a question on stdin (the tests stand in for a terminal here)."""
+    return sys.stdin.isatty()
+
+
+def _described(info: RunInfo) -> str:
+    """One line that tells a run from the others: id, state, tokens, start, prompt or prefix."""
+    tokens = f"{info.generated:,}/{info.target:,} tokens" if info.state != "incomplete" else "incomplete"
+    return f"{info.id}  {info.state}  {tokens}  {started(info.created)}  {shortened(info.subject)}"
+
+
+def started(created: str) -> str:
+    """A run's start (recorded in UTC) in the local time zone, to the minute."""
+    try:
+        return datetime.fromisoformat(created).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:  # an incomplete run's folder time, or a hand-edited file
+        return created.replace("T", " ")[:16]
+
+
+def shortened(text: str, length: int = SHORT, *, tail: bool = False) -> str:
+    """`text` on one line, at most `length` characters: its start (a path: its end) and an ellipsis."""
+    line = " ".join(text.split())
+    if len(line) <= length:
+        return line
+    return "…" + line[-(length - 1) :] if tail else line[: length - 1] + "…"

@@ -95,7 +95,7 @@ def _session(
         ),
         checkpointer=Checkpointer(run_dir, fingerprints=fingerprints), renderer=renderer,
         every=output.checkpoint_every, resume_hint=resume_hint(run_dir, runs_dir, output.command),
-        stops=StopMatcher(cfg.stop, _text_tail(run_dir / runs.TEXT, keep_bytes, cfg.stop)),
+        stops=StopMatcher(cfg.stop, _text_tail(run_dir / runs.TEXT, keep_bytes, cfg.stop)), fresh=keep_bytes is None,
     )  # fmt: skip
 
 

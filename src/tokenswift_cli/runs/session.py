@@ -164,6 +164,7 @@ class Session:
     every: int
     resume_hint: str
     stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
+    fresh: bool = False  # started by this process (`write`), not resumed: nothing in its folder predates it
 
     def emit(self, tokens: Sequence[int]) -> None:
         text, ended = self.stops.cut(self.stream.push(tokens))
@@ -210,6 +211,8 @@ class Session:
                         last = self.state.stats.generated
             if stop.signum is not None:
                 self.renderer.note(f"{self.run_dir.name}: stopping after this step; writing a checkpoint")
+            elif self._a_preview():
+                return self._discard()
             self.checkpoint()
         except KeyboardInterrupt:
             self._finish("interrupted")
@@ -230,6 +233,25 @@ class Session:
         self._finish("interrupted")
         print(("stdout was closed; " if self.sink.broken else "") + self.resume_hint, file=sys.stderr)
         return SIGPIPE_EXIT if stop.signum is None else 128 + stop.signum
+
+    def _a_preview(self) -> bool:
+        """stdout's reader left (`| head`) before the first checkpoint past the prefix, and no --out file
+        wants the rest: the reader has seen all the run holds, and a resume would start from the prefix."""
+        saved = self.checkpointer.manifest
+        emitted = saved["state"]["emitted"] if saved else 0
+        return self.fresh and self.sink.broken and self.sink.out is None and emitted == 0
+
+    def _discard(self) -> int:
+        """Remove the run's folder: a preview leaves no run behind to list, resume or remove."""
+        self.sink.close()
+        self.renderer.close()
+        runs.discard_run(self.run_dir)
+        print(
+            f"stdout was closed after {self.state.stats.generated} tokens, before the first checkpoint: "
+            f"{self.run_dir.name} was not kept",
+            file=sys.stderr,
+        )
+        return SIGPIPE_EXIT
 
     def _finish(self, state: runs.RunState, error: str | None = None) -> None:
         with contextlib.suppress(OSError):  # a full disk must not hide the original error

@@ -149,6 +149,8 @@ class RunInfo:
     mean_accepted: float
     error: str | None = None
     resumable: bool = False  # what is on disk lets `tokenswift resume` continue it (failed runs too)
+    subject: str = ""  # what the run writes: "prompt: " and the request, or "prefix: " and the text's start
+    out: str | None = None  # its --out file
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "path": str(self.path)}
@@ -216,7 +218,22 @@ def run_info(run_dir: Path) -> RunInfo:
         mean_accepted=stats.get("mean_accepted", 0.0),
         error=_status(run_dir).get("error"),
         resumable=state in ("interrupted", "failed") and resume_blocker(run_dir, state) is None,
+        subject=_subject(run_dir, settings),
+        out=(settings.get("output") or {}).get("out"),
     )
+
+
+def _subject(run_dir: Path, settings: dict[str, Any], length: int = 200) -> str:
+    """The request a run answers, or the start of the text it continues (`length` characters at most)."""
+    request = settings.get("prefix", {}).get("request")
+    if request is not None:
+        return f"prompt: {request['prompt'][:length]}"
+    try:
+        with (run_dir / PREFIX).open("rb") as file:
+            start = file.read(4 * length).decode("utf-8", errors="ignore")
+    except OSError:
+        return "prefix: (missing)"
+    return f"prefix: {start[:length]}"
 
 
 def _size(path: Path) -> int | None:
@@ -280,6 +297,11 @@ def run_report(run_dir: Path) -> dict[str, Any]:
 
 def list_runs(root: Path) -> list[RunInfo]:
     return [run_info(root / run_name(number)) for number in _numbers(root)]
+
+
+def discard_run(run_dir: Path) -> None:
+    """Delete the folder of a run this process writes and holds the lock of (a preview cut short)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def remove_run(root: Path, name: str) -> Path:
