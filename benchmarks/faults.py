@@ -268,7 +268,7 @@ def _command(sweep: Sweep, trial: Trial, runs_dir: Path) -> list[str]:
     """What the user would run next: write, resume, or remove a run stopped while being created."""
     run = latest_run(runs_dir)
     if run is not None and store.run_state(run) == "incomplete":
-        return ["runs", "rm", run.name, "--runs-dir", str(runs_dir)]
+        return ["runs", "rm", run.name, "--yes", "--runs-dir", str(runs_dir)]
     if run is not None:
         trial.resumes += 1
         return ["resume", run.name, "--runs-dir", str(runs_dir), "--threads", "1", "-q"]

@@ -566,9 +566,9 @@ def test_runs_list_show_and_remove(tiny_folder: Path, prefix_file: Path) -> None
         "alpha",
         "mean_accepted_length",
     }
-    removed = cli("runs", "rm", "run-001")
+    removed = cli("runs", "rm", "run-001", "--yes")
     assert removed.exit_code == 0 and not folder.exists()
-    assert_one_line_error(cli("runs", "rm", "run-001"), contains="no run named")
+    assert_one_line_error(cli("runs", "rm", "run-001", "--yes"), contains="no run named")
 
 
 def test_settings_record_the_resolved_model_and_resume_loads_it(tiny_folder: Path, prefix_file: Path) -> None:

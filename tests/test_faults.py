@@ -221,7 +221,7 @@ def test_a_folder_stopped_while_being_created_is_listed_to_remove(tmp_path: Path
     assert refused.exit_code == 2 and "run-002 has no settings" in refused.stderr, refused.output
     assert "cannot be read" in cli("resume", "3", "--runs-dir", runs_dir).stderr
     for name in ("run-001", "run-002", "run-003"):
-        assert cli("runs", "rm", name, "--runs-dir", runs_dir).exit_code == 0
+        assert cli("runs", "rm", name, "--yes", "--runs-dir", runs_dir).exit_code == 0
     assert not any(runs_dir.iterdir())
 
 
