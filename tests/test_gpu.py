@@ -174,7 +174,7 @@ def split_model(dtype: torch.dtype, placement: str) -> torch.nn.Module:
     layer = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
     device_map = infer_auto_device_map(  # accelerate keeps a layer's room free on the GPU when it offloads
         model, max_memory={0: size + layer + 1024, "cpu": 2**30}, no_split_module_classes=["LlamaDecoderLayer"]
-    )  # (without it, layer 0 went to the CPU too: H200, sessions 35 and 36)
+    )  # (without it, layer 0 went to the CPU too: the H200 runs of 2026-11-27, at 83869e8 and 8c03ef4)
     assert set(device_map.values()) == {0, "cpu"}, device_map
     return dispatch_model(model, device_map, main_device="cpu" if placement == "split" else None)
 
