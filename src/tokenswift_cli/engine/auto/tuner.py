@@ -32,6 +32,7 @@ from tokenswift_cli.engine.drafters.plain import PlainDrafter
 from tokenswift_cli.engine.drafters.sources import SOURCES
 
 LOOKUP_SHORT = 4  # the short lookup's length: cheap where the long one's tail is rejected
+WIDE_ROOTS = 3  # the wide draft's level 1: the base model's top 3 (more tokens a step, at three times the rows)
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,9 @@ class Plan:
 
 
 def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
-    """The configured plan, or with `auto`: plain steps, n-grams alone, short and long lookups, and small
-    and full drafts of both sources (each smaller draft before the larger one of its source)."""
+    """The configured plan, or with `auto`: plain steps, n-grams alone, short and long lookups, small and
+    full drafts of both sources, and a draft pass whose level 1 is the base model's top 3 (each smaller
+    draft before the larger one of its source)."""
     draft = cfg.draft
     if cfg.mode == "plain":
         return [Plan(PlainDrafter, draft)]
@@ -85,7 +87,10 @@ def candidate_plans(cfg: RunConfig, *, num_heads: int) -> list[Plan]:
         longer = [Plan(LookupDrafter, draft)] if draft.lookup_length > LOOKUP_SHORT else []
         plans += [Plan(LookupDrafter, short), *longer]
     plans += [Plan(VerifyDrafter, verify_small), Plan(VerifyDrafter, verify_full)]
-    return plans + [Plan(PassDrafter, small), Plan(PassDrafter, full)]
+    plans += [Plan(PassDrafter, small), Plan(PassDrafter, full)]
+    if draft.tree[0] < WIDE_ROOTS:
+        plans.append(Plan(PassDrafter, dataclasses.replace(full, tree=(WIDE_ROOTS, *draft.tree[1:]))))
+    return plans
 
 
 class _Mean:
