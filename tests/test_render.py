@@ -16,11 +16,13 @@ from tokenswift_cli.cli.panel import (
     make_renderer,
     panel,
 )
+from tokenswift_cli.runs.drafts import DraftFigures
 from tokenswift_cli.runs.progress import Progress, QuietRenderer
 
+DRAFTING = DraftFigures("fixed", steps=394, drafted_steps=394, alpha=0.41, tokens_per_step=2.6, ngram_share=0.12)
 SNAPSHOT = Progress(
-    run_id="run-007", generated=1024, target=4096, decode_seconds=80.0, alpha=0.41, mean_accepted=2.6,
-    ngram_share=0.12, context=1536, kv_bytes=70_500_000, last_checkpoint=1000,
+    run_id="run-007", generated=1024, target=4096, decode_seconds=80.0, drafts=DRAFTING, context=1536,
+    kv_bytes=70_500_000, last_checkpoint=1000,
 )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from tokenswift_cli.runs.drafts import DraftFigures, describe
 from tokenswift_cli.runs.progress import Progress, QuietRenderer, Renderer
 
 Clock = Callable[[], float]
@@ -45,6 +46,31 @@ class RateMeter:
             return 0.0
         (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
         return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class DraftMeter:
+    """Whether the steps of the last `window` seconds drafted: the tuner's choice now, which the run's
+    totals hide once it has drafted at all."""
+
+    def __init__(self, window: float = 5.0, clock: Clock = time.monotonic) -> None:
+        self.window, self.clock = window, clock
+        self.samples: deque[tuple[float, int, int | None]] = deque()
+
+    def add(self, drafts: DraftFigures) -> None:
+        now = self.clock()
+        self.samples.append((now, drafts.steps, drafts.drafted_steps))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+            self.samples.popleft()
+
+    @property
+    def drafting_now(self) -> bool | None:
+        """True: some recent step drafted; False: none did; None: no step yet, or the count is unknown."""
+        if len(self.samples) < 2:
+            return None
+        (_, steps0, drafted0), (_, steps1, drafted1) = self.samples[0], self.samples[-1]
+        if steps1 == steps0 or drafted0 is None or drafted1 is None:
+            return None
+        return drafted1 > drafted0
 
 
 def format_duration(seconds: float) -> str:
@@ -76,17 +102,24 @@ def eta(p: Progress, rate: float) -> str:
     return format_duration(remaining / rate) if rate > 0 else "?"
 
 
-def log_line(p: Progress, now_rate: float) -> str:
+def log_line(p: Progress, now_rate: float, drafting_now: bool | None = None) -> str:
     """One plain line (no escape codes) for logs."""
     percent = 100 * p.generated / p.target if p.target else 100
     return (
         f"{p.run_id}: {p.generated}/{p.target} tokens ({percent:.0f}%), {now_rate:.1f} tok/s now, "
-        f"{average_rate(p):.1f} average, alpha {p.alpha:.2f}, {p.mean_accepted:.2f} tokens/step, "
+        f"{average_rate(p):.1f} average, drafts {describe(p.drafts, drafting_now=drafting_now, sep=', ')}, "
         f"context {p.context}, eta {eta(p, now_rate or average_rate(p))}"
     )
 
 
-def panel(p: Progress, now_rate: float, *, title: str = "", checkpoint_age: float | None = None) -> RenderableType:
+def panel(
+    p: Progress,
+    now_rate: float,
+    *,
+    title: str = "",
+    checkpoint_age: float | None = None,
+    drafting_now: bool | None = None,
+) -> RenderableType:
     """The live panel for one snapshot (pure: tested by rendering it to a string)."""
     avg = average_rate(p)
     bar = Table.grid(padding=(0, 1))
@@ -99,9 +132,7 @@ def panel(p: Progress, now_rate: float, *, title: str = "", checkpoint_age: floa
     rows = Table.grid(padding=(0, 2))
     rows.add_column(style="bold")
     rows.add_row("speed", f"{now_rate:.1f} tok/s now · {avg:.1f} tok/s average")
-    rows.add_row(
-        "drafts", f"alpha {p.alpha:.2f} · {p.mean_accepted:.2f} tokens/step · n-gram share {100 * p.ngram_share:.0f}%"
-    )
+    rows.add_row("drafts", describe(p.drafts, drafting_now=drafting_now))
     rows.add_row("context", f"{p.context:,} tokens · KV cache {format_bytes(p.kv_bytes)}")
     if p.last_checkpoint is None:
         saved = "no checkpoint yet"
@@ -117,7 +148,7 @@ class LogRenderer(QuietRenderer):
 
     def __init__(self, stream: IO[str], *, interval: float = 15.0, clock: Clock = time.monotonic) -> None:
         self.stream, self.interval, self.clock = stream, interval, clock
-        self.meter = RateMeter(clock=clock)
+        self.meter, self.drafts = RateMeter(clock=clock), DraftMeter(clock=clock)
         self.last_line: float | None = None
         self.progress: Progress | None = None
 
@@ -127,12 +158,13 @@ class LogRenderer(QuietRenderer):
     def update(self, progress: Progress) -> None:
         self.progress = progress
         self.meter.add(progress.generated)
+        self.drafts.add(progress.drafts)
         now = self.clock()
         if self.last_line is None:
             self.last_line = now
         elif now - self.last_line >= self.interval:
             self.last_line = now
-            self._print(log_line(progress, self.meter.rate))
+            self._print(log_line(progress, self.meter.rate, self.drafts.drafting_now))
 
     def note(self, message: str) -> None:
         self._print(message)
@@ -143,13 +175,17 @@ class LivePanel(QuietRenderer):
 
     def __init__(self, console: Console, *, takes_text: bool, clock: Clock = time.monotonic) -> None:
         self.console, self.takes_text, self.clock = console, takes_text, clock
-        self.meter = RateMeter(clock=clock)
+        self.meter, self.drafts = RateMeter(clock=clock), DraftMeter(clock=clock)
         self.progress: Progress | None = None
         self.title = ""
         self.checkpoint_time: float | None = None
         self.pending = ""  # the text's unfinished last line, shown under the panel
+        # Anything else written to the panel's terminal while it shows (a library's warning on sys.stderr,
+        # a print on stdout when the text goes through the panel) must go above it through the console:
+        # written past it, it shifts the panel down a line, the next redraw erases the wrong lines, and
+        # the text line above the panel stays on screen twice.
         self.live = Live(
-            console=console, refresh_per_second=4, redirect_stdout=False, redirect_stderr=False, transient=False,
+            console=console, refresh_per_second=4, redirect_stdout=takes_text, redirect_stderr=True, transient=False,
             get_renderable=self._renderable,
         )  # fmt: skip
 
@@ -157,7 +193,9 @@ class LivePanel(QuietRenderer):
         if self.progress is None:
             return Text(f"{self.title} starting…")
         age = self.clock() - self.checkpoint_time if self.checkpoint_time is not None else None
-        view = panel(self.progress, self.meter.rate, title=self.title, checkpoint_age=age)
+        view = panel(
+            self.progress, self.meter.rate, title=self.title, checkpoint_age=age, drafting_now=self.drafts.drafting_now
+        )
         if self.takes_text and self.pending:
             return Group(Text(self.pending), view)  # at most one line: `text` printed the others above
         return view
@@ -169,6 +207,7 @@ class LivePanel(QuietRenderer):
     def update(self, progress: Progress) -> None:
         self.progress = progress
         self.meter.add(progress.generated)
+        self.drafts.add(progress.drafts)
 
     def checkpointed(self, generated: int) -> None:
         self.checkpoint_time = self.clock()

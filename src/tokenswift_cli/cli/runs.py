@@ -66,9 +66,10 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
         # Any stopped run whose files allow it resumes, a failed one too; done and running ones say nothing.
         resume = ("yes" if info.resumable else "no") if info.state in ("interrupted", "failed", "incomplete") else ""
         progress = f"{info.generated:,}/{info.target:,}" if info.state != "incomplete" else "-"
+        alpha = "off" if info.drafts is None or info.drafts.off else f"{info.alpha:.2f}"
         table.add_row(
-            info.id, started(info.created), info.state, resume, progress, f"{info.tokens_per_second:.1f}",
-            f"{info.alpha:.2f}", info.model, shortened(info.subject), shortened(info.out or "", tail=True),
+            info.id, started(info.created), info.state, resume, progress, f"{info.tokens_per_second:.1f}", alpha,
+            info.model, shortened(info.subject), shortened(info.out or "", tail=True),
         )  # fmt: skip
     # Not a terminal: as wide as the rows need (a pipe's reader wants whole states and dates).
     Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240).print(table)
@@ -81,6 +82,7 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
 def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
     """Show one run's settings, statistics and what is on disk (last checkpoint, tokens, bytes)."""
     from tokenswift_cli.runs import store as runs
+    from tokenswift_cli.runs.drafts import DraftFigures, describe
 
     with errors():
         report = runs.run_report(runs.resolve_run(runs.runs_root(runs_dir), run))
@@ -106,7 +108,7 @@ def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False
         "mode": cfg["mode"],
         "progress": f"{stats['generated_tokens']:,}/{stats['target_tokens']:,} tokens",
         "speed": f"{stats['tokens_per_second']:.2f} tok/s over {stats['seconds']:.1f} s",
-        "drafts": f"alpha {stats['alpha']:.3f}, {stats['mean_accepted_length']:.2f} tokens/step",
+        "drafts": describe(DraftFigures(**stats["drafts"]), sep=", "),
         "sampling": ", ".join(f"{k}={v}" for k, v in cfg["sampling"].items() if v not in (None, ())),
     }
     for key, value in lines.items():

@@ -68,6 +68,8 @@ def _count(stats: Stats, step: Step, emitted: Sequence[int], *, slots: int) -> N
     stats.accepted += len(step.accepted.tokens)
     stats.accepted_ngram += step.accepted.from_ngram
     stats.draft_slots += slots
+    if stats.drafted_iterations is not None:
+        stats.drafted_iterations += slots > 0
     stats.tree_nodes += step.tree.size
 
 

@@ -26,6 +26,10 @@ class Stats:
     accepted: int = 0  # draft tokens accepted
     accepted_ngram: int = 0  # ... of which on a path the n-gram table proposed
     draft_slots: int = 0  # sum over iterations of the deepest draft the settings allow (K+1)
+    # Iterations that drafted (K+1 > 0): alpha is over these; --draft auto runs plain steps where they are
+    # faster, which add to `iterations` (tokens per step) but to no slot. None: unknown (a run resumed from
+    # a checkpoint written before this count, 2026-11-27).
+    drafted_iterations: int | None = 0
     tree_nodes: int = 0  # sum of verified nodes
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
@@ -36,6 +40,13 @@ class Stats:
     @property
     def beta(self) -> float:
         return self.accepted_ngram / self.draft_slots if self.draft_slots else 0.0
+
+    @property
+    def drafted_share(self) -> float | None:
+        """The share of iterations that drafted (the others were plain steps); None: unknown."""
+        if self.drafted_iterations is None:
+            return None
+        return self.drafted_iterations / self.iterations if self.iterations else 0.0
 
     @property
     def mean_accepted(self) -> float:
@@ -66,11 +77,16 @@ class Stats:
             "alpha": self.alpha,
             "beta": self.beta,
             "mean_accepted": self.mean_accepted,
+            "drafted_share": self.drafted_share,
             "tokens_per_second": self.tokens_per_second,
         }
         return {**asdict(self), **summary}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Stats:
-        names = {"iterations", "generated", "accepted", "accepted_ngram", "draft_slots", "tree_nodes", "seconds"}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        names = {"iterations", "generated", "accepted", "accepted_ngram", "draft_slots", "tree_nodes", "seconds",
+                 "drafted_iterations"}  # fmt: skip
+        stats = cls(**{k: v for k, v in data.items() if k in names})
+        if "drafted_iterations" not in data and stats.draft_slots:  # drafted, how often unknown
+            stats.drafted_iterations = None
+        return stats

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from tokenswift_cli.runs.drafts import DraftFigures
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -18,9 +20,7 @@ class Progress:
     generated: int
     target: int
     decode_seconds: float  # decoding time of the whole run, resumed parts included
-    alpha: float
-    mean_accepted: float
-    ngram_share: float  # accepted draft tokens that the n-gram table proposed
+    drafts: DraftFigures  # how it drafts, and what its drafts accepted (drafts.describe puts it in words)
     context: int  # tokens in the full cache
     kv_bytes: int
     last_checkpoint: int | None  # generated tokens at the last checkpoint

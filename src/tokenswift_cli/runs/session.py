@@ -23,6 +23,7 @@ from tokenswift_cli.model.heads import DraftHeads
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.runs import store as runs
 from tokenswift_cli.runs.checkpoint import Checkpointer, CheckpointError
+from tokenswift_cli.runs.drafts import DraftFigures, describe
 from tokenswift_cli.runs.progress import Progress, Renderer
 from tokenswift_cli.runs.stops import StopMatcher
 from tokenswift_cli.runs.textstream import TextStream
@@ -180,9 +181,7 @@ class Session:
             generated=stats.generated,
             target=self.cfg.max_new_tokens,
             decode_seconds=stats.decode_seconds,
-            alpha=stats.alpha,
-            mean_accepted=stats.mean_accepted,
-            ngram_share=stats.accepted_ngram / stats.accepted if stats.accepted else 0.0,
+            drafts=DraftFigures.of(stats, self.cfg),
             context=self.state.full.length,
             kv_bytes=_kv_bytes(self.state),
             last_checkpoint=saved["state"]["emitted"] if saved else None,
@@ -260,9 +259,9 @@ class Session:
         stats = self.state.stats
         self.renderer.update(self.progress())  # the panel's last frame shows the last checkpoint
         if state == "done":
+            drafts = describe(DraftFigures.of(stats, self.cfg), sep=", ")
             self.renderer.note(
                 f"{self.run_dir.name} done: {stats.generated} tokens in {stats.decode_seconds:.1f} s "
-                f"({stats.tokens_per_second:.1f} tok/s), alpha {stats.alpha:.2f}, "
-                f"{stats.mean_accepted:.2f} tokens/step; text in {self.run_dir / runs.TEXT}"
+                f"({stats.tokens_per_second:.1f} tok/s), drafts {drafts}; text in {self.run_dir / runs.TEXT}"
             )
         self.renderer.close()

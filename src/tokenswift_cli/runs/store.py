@@ -11,13 +11,14 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from tokenswift_cli.paths import home_dir
 from tokenswift_cli.runs.checkpoint import CheckpointError, read_manifest
+from tokenswift_cli.runs.drafts import DraftFigures
 from tokenswift_cli.runs.durable import LOCK, is_locked, write_json_atomic
 
 # "incomplete": a folder without readable settings (stopped while being created): nothing to resume.
@@ -151,9 +152,10 @@ class RunInfo:
     resumable: bool = False  # what is on disk lets `tokenswift resume` continue it (failed runs too)
     subject: str = ""  # what the run writes: "prompt: " and the request, or "prefix: " and the text's start
     out: str | None = None  # its --out file
+    drafts: DraftFigures | None = None  # how it drafted (None: incomplete)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "path": str(self.path)}
+        return {**self.__dict__, "path": str(self.path), "drafts": asdict(self.drafts) if self.drafts else None}
 
 
 def _manifest(run_dir: Path) -> dict[str, Any] | None:
@@ -220,6 +222,7 @@ def run_info(run_dir: Path) -> RunInfo:
         resumable=state in ("interrupted", "failed") and resume_blocker(run_dir, state) is None,
         subject=_subject(run_dir, settings),
         out=(settings.get("output") or {}).get("out"),
+        drafts=DraftFigures.recorded(stats, settings["run_config"]),
     )
 
 
@@ -291,6 +294,7 @@ def run_report(run_dir: Path) -> dict[str, Any]:
         "beta": stats.get("beta", 0.0),
         "mean_accepted_length": info.mean_accepted,
         "iterations": stats.get("iterations", 0),
+        "drafts": asdict(info.drafts) if info.drafts else None,  # drafts.describe says it in words
     }
     return report
 
