@@ -25,8 +25,9 @@ LEFT = ("method", "distinct-1..4", "= plain", "= generate()")
 NOTE = ("x plain, x generate: tokens/s over theirs, on runs of the full length. = generate(): the engine's text "
         "against transformers' generate() with the same settings; n/a where it differs by design (sampled: "
         "another random stream; extra rules: what generate() does not implement). --sampling greedy compares "
-        "them with only generate()'s rules. alpha (drafts accepted per draft slot), acc len (tokens per step) and "
-        "beta (accepted n-gram drafts per slot) are TokenSwift's: - for the other methods; x plain, x generate: - "
+        "them with only generate()'s rules. alpha (drafts accepted per draft slot, over the steps that drafted), "
+        "acc len (tokens per step, over all steps) and beta (accepted n-gram drafts per slot) are TokenSwift's: - for "
+        "the other methods; x plain, x generate: - "
         "where either run wrote fewer tokens than asked.")  # fmt: skip
 
 
