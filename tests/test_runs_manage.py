@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,13 @@ def test_runs_lists_each_runs_start_prompt_or_prefix_and_out(
     assert all(len(cell) <= runs_command.SHORT for cell in first.split("  ") if cell.strip().startswith("prefix:"))
     data = json.loads(cli("runs", "--json").stdout)
     assert data[0]["out"] == str(out.absolute()) and data[0]["subject"].startswith("prefix: " + start[0])
+
+
+def test_a_start_shows_its_year_only_when_it_is_not_this_one() -> None:
+    now = datetime.now().astimezone()
+    assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d", runs_command.started(now.isoformat(), now=now))
+    last_year = now.replace(year=now.year - 1)
+    assert runs_command.started(last_year.isoformat(), now=now).startswith(f"{now.year - 1}-")
 
 
 def test_shortened_keeps_one_line_and_the_end_of_a_path() -> None:

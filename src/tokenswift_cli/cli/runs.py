@@ -32,6 +32,7 @@ YesOpt = Annotated[
     bool, typer.Option("--yes", "-y", help="Delete without asking (needed when stdin is not a terminal).")
 ]
 SHORT = 40  # characters of a prompt, a prefix or an --out path in the listing
+LISTED = ("run", "started", "state", "resume", "progress", "tok/s", "alpha", "model", "prompt or prefix", "--out")
 
 
 def register(app: typer.Typer) -> None:
@@ -45,7 +46,6 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
     if ctx.invoked_subcommand is not None:
         return
     from rich.console import Console
-    from rich.table import Table
 
     from tokenswift_cli.runs import store as runs
 
@@ -58,21 +58,19 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
     if not infos:
         typer.echo(f"no runs in {root}")
         return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("run", "started", "state", "resume", "progress", "tok/s", "alpha", "model", "prompt or prefix"):
-        table.add_column(column, justify="right" if column in ("progress", "tok/s", "alpha") else "left")
-    table.add_column("--out", overflow="fold")
+    rows = []
     for info in infos:
         # Any stopped run whose files allow it resumes, a failed one too; done and running ones say nothing.
         resume = ("yes" if info.resumable else "no") if info.state in ("interrupted", "failed", "incomplete") else ""
         progress = f"{info.generated:,}/{info.target:,}" if info.state != "incomplete" else "-"
         alpha = "off" if info.drafts is None or info.drafts.off else f"{info.alpha:.2f}"
-        table.add_row(
+        rows.append((
             info.id, started(info.created), info.state, resume, progress, f"{info.tokens_per_second:.1f}", alpha,
             info.model, shortened(info.subject), shortened(info.out or "", tail=True),
-        )  # fmt: skip
-    # Not a terminal: as wide as the rows need (a pipe's reader wants whole states and dates).
-    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240).print(table)
+        ))  # fmt: skip
+    # Not a terminal: as wide as the rows need (a pipe's reader wants whole cells).
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+    console.print(_table(rows, console.width))
     for info in infos:
         if info.state == "incomplete":
             typer.echo(f"{info.id}: {info.error}")
@@ -171,12 +169,36 @@ def _described(info: RunInfo) -> str:
     return f"{info.id}  {info.state}  {tokens}  {started(info.created)}  {shortened(info.subject)}"
 
 
-def started(created: str) -> str:
-    """A run's start (recorded in UTC) in the local time zone, to the minute."""
+def _table(rows: list[tuple[str, ...]], width: int) -> Any:
+    """One line per run: the figures keep their width; in a narrow terminal the model, the prompt and
+    --out give way (cut short with an ellipsis), the longest first, rather than wrap."""
+    from rich.table import Table
+
+    widest = [max(len(column), *(len(row[index]) for row in rows)) for index, column in enumerate(LISTED)]
+    flexible = [index for index, column in enumerate(LISTED) if column in ("model", "prompt or prefix", "--out")]
+    room = width - sum(w for index, w in enumerate(widest) if index not in flexible) - (len(LISTED) - 1)
+    while sum(widest[i] for i in flexible) > room and max(widest[i] for i in flexible) > 6:
+        longest = max(flexible, key=lambda i: widest[i])
+        widest[longest] -= 1
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
+    for index, column in enumerate(LISTED):
+        table.add_column(
+            column, justify="right" if column in ("progress", "tok/s", "alpha") else "left", no_wrap=True,
+            overflow="ellipsis", width=widest[index],
+        )  # fmt: skip
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def started(created: str, now: datetime | None = None) -> str:
+    """A run's start (recorded in UTC) in the local time zone, to the minute; the year where it is not this one."""
     try:
-        return datetime.fromisoformat(created).astimezone().strftime("%Y-%m-%d %H:%M")
-    except ValueError:  # an incomplete run's folder time, or a hand-edited file
+        local = datetime.fromisoformat(created).astimezone()
+    except ValueError:  # a hand-edited file
         return created.replace("T", " ")[:16]
+    this_year = (now or datetime.now().astimezone()).year == local.year
+    return local.strftime("%m-%d %H:%M" if this_year else "%Y-%m-%d %H:%M")
 
 
 def shortened(text: str, length: int = SHORT, *, tail: bool = False) -> str:
