@@ -4,7 +4,9 @@ Every token is drawn by inverting the target's CDF at a uniform that depends onl
 the token's absolute position. Plain and accelerated decoding therefore pick the same token whenever
 their logits agree, and each draw follows the target distribution exactly.
 The filters are `transformers`' own logits processors, applied to one node with that node's own
-context (its path), so the contextual penalty sees the candidate's ancestors too.
+context (its path), so the contextual penalty sees the candidate's ancestors too. `scored` is the
+definition, which the device walk runs too; on a CPU `choose` and `target_scores` run the fused kernel
+(fused.py), the same bits in one call.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from transformers import (
 )
 
 from tokenswift_cli.config import ConfigError, SamplingConfig
+from tokenswift_cli.sampling import fused
+from tokenswift_cli.sampling.dry import dry_amounts, dry_penalties
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
 
@@ -63,7 +67,14 @@ def _processors(cfg: SamplingConfig) -> LogitsProcessorList:
 
 
 def target_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Processed scores `[vocab]` for the next token after `context` (the path's last tokens, `[<= W]`)."""
+    """Processed scores `[vocab]` for the next token after `context` (the path's last tokens, `[<= W]`):
+    by the fused kernel on a CPU, else by their definition (`reference_scores`); the same bits."""
+    fast = _fused(logits, context, cfg, fused.SCORES)
+    return reference_scores(logits, context, cfg) if fast is None else fast[0]
+
+
+def reference_scores(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """`target_scores` by their definition, `scored`: one torch op per rule."""
     device = logits.device
     banned = [rule.banned(context[-last:].tolist()).to(device) for rule, last in filter_rules(cfg)]
     suppress = torch.tensor(cfg.suppress_token_ids, dtype=torch.long, device=device)
@@ -98,10 +109,10 @@ def scored(
     return processed(scores, context[-cfg.penalty_window :], cfg)
 
 
-def processed(scores: torch.Tensor, window: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """The penalty over `window` `[<= W]`, then the warpers: `transformers`' processors. Every id in a context
-    is below the vocabulary: the model read it (`state.prefill` checks the prefix)."""
-    processors = _processors(cfg)
+def processed(scores: torch.Tensor, window: torch.Tensor, cfg: SamplingConfig, start: int = 0) -> torch.Tensor:
+    """The penalty over `window` `[<= W]`, then the warpers: `transformers`' processors (from the `start`-th).
+    Every id in a context is below the vocabulary: the model read it (`state.prefill` checks the prefix)."""
+    processors: list[Any] = list(_processors(cfg))[start:]
     if all(type(processor) in _FAST_PROCESSORS for processor in processors):
         for processor in processors:
             scores = _FAST_PROCESSORS[type(processor)](processor, window, scores)
@@ -150,66 +161,6 @@ def _spacing_rule(cfg: SamplingConfig) -> SpacingRule:
     return cfg.spacing_rule
 
 
-DRY_MAX_MATCH = 64  # longer repeats are penalised as this long
-
-
-def dry_penalties(context: torch.Tensor, vocab: int, cfg: SamplingConfig) -> torch.Tensor:
-    """DRY penalties `[vocab]` for the token after `context` `[n]`.
-
-    Every earlier occurrence of the last token is the end of a candidate repeat; its length is how
-    many tokens before it match the ones before the end of the context. The token that followed it
-    would extend the repeat: it loses multiplier * base^(length - allowed) when length >= allowed.
-    """
-    penalties = torch.zeros(vocab, dtype=torch.float32, device=context.device)
-    n = context.shape[0]
-    if n < 2:
-        return penalties
-    ends = torch.nonzero(context[:-1] == context[-1]).flatten()  # [m]
-    if ends.numel() == 0:
-        return penalties
-    length = _repeat_lengths(context, ends)  # [m]
-    hit = length >= cfg.dry_allowed_length
-    if not bool(hit.any()):
-        return penalties
-    amount = _dry_amounts(cfg, context.device)[length[hit]]
-    return penalties.scatter_reduce(0, context[ends[hit] + 1], amount, "amax")
-
-
-def dry_penalties_on_device(context: torch.Tensor, vocab: int, cfg: SamplingConfig) -> torch.Tensor:
-    """`dry_penalties` without a host synchronisation: every position is a candidate end, the non-repeats
-    add nothing (penalties are positive, combined by max). The same values, bit for bit."""
-    penalties = torch.zeros(vocab, dtype=torch.float32, device=context.device)
-    n = context.shape[0]
-    if n < 2:
-        return penalties
-    ends = torch.arange(n - 1, device=context.device)  # [n - 1]
-    length = _repeat_lengths(context, ends)
-    hit = (context[:-1] == context[-1]) & (length >= cfg.dry_allowed_length)
-    amount = torch.where(hit, _dry_amounts(cfg, context.device)[length], 0.0)
-    return penalties.scatter_reduce(0, context[1:], amount, "amax")
-
-
-def _repeat_lengths(context: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """Per candidate end `[m]`: how many tokens up to it match the ones up to the context's end (capped)."""
-    n = context.shape[0]
-    back = torch.arange(min(DRY_MAX_MATCH, n - 1), device=context.device)  # [K]
-    earlier = ends[:, None] - back[None]  # [m, K]
-    same = (earlier >= 0) & (context[earlier.clamp(min=0)] == context[n - 1 - back][None])
-    return same.long().cumprod(-1).sum(-1)  # [m]: matching tokens, the last one included
-
-
-@functools.lru_cache(maxsize=8)
-def _dry_amount_table(multiplier: float, base: float, allowed: int, device: str) -> torch.Tensor:
-    lengths = torch.arange(DRY_MAX_MATCH + 1, device=device)
-    return multiplier * base ** (lengths - allowed).float()  # [max + 1]; lengths below `allowed` are never read
-
-
-def _dry_amounts(cfg: SamplingConfig, device: torch.device) -> torch.Tensor:
-    """The penalty per repeat length, computed once: a gather, so both DRY versions give the same bits."""
-    assert cfg.dry_multiplier is not None
-    return _dry_amount_table(cfg.dry_multiplier, cfg.dry_base, cfg.dry_allowed_length, str(device))
-
-
 def xtc_picks(position: int, cfg: SamplingConfig) -> bool:
     """Whether XTC's coin picks `position`: its own uniform under a salted seed."""
     return cfg.xtc_probability is not None and position_uniform(cfg.seed, position, salt="xtc") < cfg.xtc_probability
@@ -242,12 +193,19 @@ def target_probs(logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfi
 
 
 def choose(logits: torch.Tensor, context: torch.Tensor, position: int, cfg: SamplingConfig) -> int:
-    """The token at absolute `position`: argmax when greedy, else the inverse CDF at its uniform."""
-    scores = target_scores(logits, context, cfg)
+    """The token at absolute `position`: argmax when greedy, else the inverse CDF at its uniform. On a CPU
+    the fused kernel scores and draws (`_fused`); what it leaves undecided is decided here."""
+    picked = not cfg.greedy and xtc_picks(position, cfg)
+    u = 0.0 if cfg.greedy else position_uniform(cfg.seed, position)
+    mode = fused.ARGMAX if cfg.greedy else fused.SCORES if picked else fused.DRAW
+    fast = _fused(logits, context, cfg, mode, u, out=fused.buffer(logits.shape[-1]))
+    if fast is not None and fast[1] is not None:
+        return fast[1]
+    scores = reference_scores(logits, context, cfg) if fast is None else fast[0]
     if cfg.greedy:
         return int(scores.argmax())
-    scores = exclude_top_choices(scores, position, cfg)
-    u = position_uniform(cfg.seed, position)
+    if picked:
+        scores = excluded_top_choices(scores, cfg)
     if scores.device.type != "cpu":  # the full CDF on the device: one host sync, where the shortcut takes three
         return _draw_full(scores, u)
     kept = torch.nonzero(scores != -float("inf")).flatten()  # NaN and +inf stay: they fail the check below
@@ -259,6 +217,32 @@ def choose(logits: torch.Tensor, context: torch.Tensor, position: int, cfg: Samp
 
 
 MAX_SEARCHED = 1024  # more finite scores (no min-p): the CDF over the whole vocabulary is as cheap
+
+
+def _fused(
+    logits: torch.Tensor, context: torch.Tensor, cfg: SamplingConfig, mode: int, u: float = 0.0,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, int | None] | None:  # fmt: skip
+    """(the target's scores, the token `mode` asks for or None) by the fused kernel, then by the torch code
+    for the rules it left (top-p, eta; min-p where a score sits at its cut); None where it cannot score."""
+    if not fused.usable(logits, context):
+        return None
+    plan = _plan(cfg)
+    banned = [rule.banned(context[-last:].tolist()) for rule, last in filter_rules(cfg)]
+    result = fused.run(plan, logits, context, banned, mode if plan.complete else fused.SCORES, u, MAX_SEARCHED, out)
+    if result is None:
+        return None
+    scores, code = result
+    start = plan.min_p_at if code == fused.MIN_P_UNSETTLED else plan.rest_at
+    if start < plan.processors:
+        scores = processed(scores, context[-cfg.penalty_window :], cfg, start)
+    return scores, code if code >= 0 else None
+
+
+@functools.lru_cache(maxsize=16)
+def _plan(cfg: SamplingConfig) -> fused.Plan:
+    table = dry_amounts(cfg, torch.device("cpu")) if cfg.dry_multiplier is not None else None
+    return fused.plan(cfg, _processors(cfg), table)
 
 
 def _draw_kept(tokens: list[int], scores: list[float], u: float) -> int | None:

@@ -18,6 +18,7 @@ import torch
 
 from tokenswift_cli.config import SamplingConfig
 from tokenswift_cli.sampling import distribution
+from tokenswift_cli.sampling.dry import dry_penalties_on_device
 
 
 def scores_on_device(
@@ -25,9 +26,7 @@ def scores_on_device(
     banned: Sequence[torch.Tensor],
 ) -> torch.Tensor:  # fmt: skip
     """`target_scores` of float32 logits `row` after `context`, both on the device, the filters' masks given."""
-    return distribution.scored(
-        row, context, cfg, suppress=suppress, banned=banned, dry=distribution.dry_penalties_on_device
-    )
+    return distribution.scored(row, context, cfg, suppress=suppress, banned=banned, dry=dry_penalties_on_device)
 
 
 class MaskTable:

@@ -5,10 +5,15 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
                          const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
                          int64_t offset, int64_t committed, double scaling, int64_t block);
 at::Tensor q8_logits(const at::Tensor& hidden, const at::Tensor& values, const at::Tensor& scales);
+int64_t target_draw(const at::Tensor& row, const at::Tensor& out, const at::Tensor& context,
+                    const at::Tensor& suppress, const std::vector<at::Tensor>& banned, const at::Tensor& dry_table,
+                    int64_t dry_range, int64_t dry_allowed, int64_t window, double penalty, double temperature,
+                    int64_t top_k, double min_p, int64_t mode, double u, int64_t searched);
 void bind_decoder(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_attention", &row_attention, "attention of new tokens over a KV cache, row by row (float32)");
   m.def("q8_logits", &q8_logits, "logits of a head stored as int8 values and a scale per 32 (float32)");
+  m.def("target_draw", &target_draw, "the target's scores of one row of logits, and its argmax or draw (float32)");
   bind_decoder(m);
 }
