@@ -219,7 +219,7 @@ def test_eval_command_on_a_file_and_on_a_run(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["eval", str(text), "-m", model, "--bucket", "64", "--window", "32", "--stride", "16"])
     assert result.exit_code == 0, result.output
-    assert "| 0-64 |" in result.output and "rope=none" in result.output
+    assert "| 0-64 |" in result.output and "over a sliding window of 32 tokens (stride 16)" in result.output
     run = tmp_path / "runs" / "run-001"
     run.mkdir(parents=True)
     (run / "settings.json").write_text("{}", encoding="utf-8")
