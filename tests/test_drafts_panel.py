@@ -33,6 +33,7 @@ def test_drafts_off_say_so_and_why_in_the_panel_and_the_log_line() -> None:
     assert ", drafts off: plain steps are faster here, 1.00 tokens/step, context " in line
     plain = DraftFigures("plain", 2000, 0, 0.0, 1.0, 0.0)
     assert describe(plain) == "off (--mode plain) · 1.00 tokens/step"
+    assert describe(DraftFigures("auto", 0, 0, 0.0, 0.0, 0.0)) == "no step yet"  # not "off": nothing was decided
     nothing = DraftFigures("fixed", 2000, 0, 0.0, 1.0, 0.0)  # e.g. --draft ngram --ngram-top-k 0 would: settings
     assert describe(nothing).startswith("off: the draft settings draft nothing")
 

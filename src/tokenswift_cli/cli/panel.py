@@ -224,8 +224,8 @@ class LivePanel(QuietRenderer):
             self._print(line)
         wrapped = Text(self.pending).wrap(self.console, self.console.width)
         if len(wrapped) > 1:
-            for line in wrapped[:-1]:
-                self._print(line.plain.rstrip())
+            for screen_line in wrapped[:-1]:
+                self._print(screen_line.plain.rstrip())
             self.pending = wrapped[-1].plain
 
     def _print(self, line: str) -> None:

@@ -58,12 +58,13 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
     if not infos:
         typer.echo(f"no runs in {root}")
         return
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for info in infos:
         # Any stopped run whose files allow it resumes, a failed one too; done and running ones say nothing.
         resume = ("yes" if info.resumable else "no") if info.state in ("interrupted", "failed", "incomplete") else ""
         progress = f"{info.generated:,}/{info.target:,}" if info.state != "incomplete" else "-"
-        alpha = "off" if info.drafts is None or info.drafts.off else f"{info.alpha:.2f}"
+        drafts = info.drafts
+        alpha = "" if drafts is None or not drafts.steps else "off" if drafts.off else f"{info.alpha:.2f}"
         rows.append((
             info.id, started(info.created), info.state, resume, progress, f"{info.tokens_per_second:.1f}", alpha,
             info.model, shortened(info.subject), shortened(info.out or "", tail=True),

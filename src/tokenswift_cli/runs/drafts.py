@@ -71,6 +71,8 @@ def describe(figures: DraftFigures, *, drafting_now: bool | None = None, sep: st
     ngrams = [f"n-gram share {100 * f.ngram_share:.0f}%"] if f.alpha > 0 else []  # of accepted drafts: none, no share
     if f.drafting == "plain":
         parts = ["off (--mode plain)", per_step]
+    elif f.steps == 0:  # stopped before its first step: nothing drafted, nothing decided
+        parts = ["no step yet"]
     elif f.drafted_steps is None:  # how many steps drafted is unknown: name each figure's span
         parts = [f"alpha {f.alpha:.2f} over the steps that drafted", f"{per_step} over all"]
     elif f.drafted_steps == 0:
