@@ -163,7 +163,7 @@ def write(
         runs.write_settings(run_dir, settings)
         runs.set_status(run_dir, "running")
         renderer.note(
-            f"{run_dir.name}: {config.max_new_tokens} tokens after a {len(prompt)}-token prefix, "
+            f"{run_dir.name}: {config.max_new_tokens:,} tokens after a {len(prompt):,}-token prefix, "
             f"model {loaded.settings['label']}, heads {loaded.heads_settings['path'] or 'none'}, mode {config.mode}"
         )
         with StopSignals() as stop:
