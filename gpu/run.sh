@@ -18,7 +18,7 @@ mkdir -p "$OUT" "$site" "$stage" "$logs"
 export PYTHONPATH=$PWD/src:$site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENSWIFT_HOME=/tmp/tokenswift-home
 dryrun=() cap_scale=1
 if [ "$dry" = --dry-run ]; then  # tiny sizes, but a CPU shared with a test suite: wider caps
-  cap_scale=4
+  cap_scale=10
   export TOKENSWIFT_PADDED=1 TOKENSWIFT_TEST_THREADS=1 TOKENSWIFT_HOME=$OUT/.home
   dryrun=(--dry-run)
 fi
