@@ -208,12 +208,25 @@ def test_greedy_takes_the_first_of_tied_maxima() -> None:
 
 
 def test_without_the_kernels_the_definition_runs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(kernels, "available", lambda: False)
+    monkeypatch.setattr(fused, "built", lambda: False)
     assert not fused.usable(torch.zeros(10), torch.zeros(0, dtype=torch.long))
     codes = Codes(monkeypatch)
     cfg = SamplingConfig(temperature=1.0, min_p=0.1)
     assert choose(torch.randn(100), torch.zeros(0, dtype=torch.long), 0, cfg) >= 0
     assert codes.seen == []
+
+
+def test_a_failed_build_is_asked_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Without a compiler `kernels.load` raises at every call (nothing cached): the sampler asks once."""
+    calls = []
+    monkeypatch.setattr(kernels, "available", lambda: calls.append(1) or False)
+    fused.built.cache_clear()
+    try:
+        for _ in range(3):
+            assert choose(torch.randn(100), torch.zeros(0, dtype=torch.long), 0, SamplingConfig(temperature=1.0)) >= 0
+    finally:
+        fused.built.cache_clear()
+    assert calls == [1]
 
 
 def test_the_plan_is_the_processors_prefix() -> None:

@@ -12,6 +12,7 @@ compiler (`kernels.available()`).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,6 +82,13 @@ def usable(logits: torch.Tensor, context: torch.Tensor) -> bool:
     on_cpu = logits.device.type == "cpu" and context.device.type == "cpu"
     if not on_cpu or logits.dtype != torch.float32 or logits.dim() != 1 or os.environ.get(FUSED) == "0":
         return False
+    return built()
+
+
+@functools.cache
+def built() -> bool:
+    """Whether the kernels are built, asked once: a failed build is not cached by `kernels.load`, and
+    would be tried again at every token."""
     from tokenswift_cli.backends.cpu import kernels  # the C++ kernels live beside the decoder's
 
     return kernels.available()
