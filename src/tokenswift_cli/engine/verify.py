@@ -88,9 +88,13 @@ def accept(tree: Tree, logits: torch.Tensor | NodeLogits, history: Sequence[int]
     tail = list(history[-cfg.context_length :])
     node, path = 0, [tree.token_ids[0]]
     nodes: list[int] = []
+    # the context as one tensor, the tail converted once (a list of ~1K ids per node cost ~0.1 ms)
+    buffer = torch.empty(len(tail) + len(tree.token_ids) + 1, dtype=torch.long)  # [tail + longest path]
+    buffer[: len(tail)] = torch.tensor(tail, dtype=torch.long)
     while True:
         position = len(history) + len(path)  # absolute position of the token drawn now
-        context = torch.tensor(tail + path, dtype=torch.long)
+        buffer[len(tail) + len(path) - 1] = path[-1]
+        context = buffer[: len(tail) + len(path)]
         drawn = choose(logits[node], context, position, cfg)
         child = tree.children[node].get(drawn)
         if child is None:
