@@ -90,7 +90,8 @@ def speed(model: BenchModel, sizes: Sizes) -> Iterator[dict[str, Any]]:
                 where = first_divergence(got, plain[0])
                 yield {
                     "step": step, "sampling": sampling, "drafting": drafting, "tree": tree or "1,3,3,3",
-                    "tokens": len(got), "seconds": round(seconds, 4), "ms_per_token": round(1000 * seconds / len(got), 3),
+                    "tokens": len(got), "seconds": round(seconds, 4),
+                    "ms_per_token": round(1000 * seconds / len(got), 3),
                     "tokens_per_step": round(stats.mean_accepted, 3), "iterations": stats.iterations,
                     "equal_to_plain": where is None, "first_divergence": where,
                     "speedup_over_plain": round(plain[1] / seconds, 3),
@@ -123,7 +124,9 @@ def profile(model: BenchModel, sizes: Sizes, *, scale: float = 1.0) -> Iterator[
             "step": "profile", "drafting": drafting, "iterations": steps, "wall_ms": round(1000 * wall / steps, 3),
             "gpu_busy_ms": round(1000 * busy / steps, 3), "host_share": round(1 - busy / wall, 3) if wall else None,
             "kernels_per_iteration": round(sum(e.count for e in kernels) / steps, 1),
-            "top_kernels": [(e.key[:80], round(e.self_device_time_total / 1000 / steps, 4), e.count // steps) for e in top],
+            "top_kernels": [
+                (e.key[:80], round(e.self_device_time_total / 1000 / steps, 4), e.count // steps) for e in top
+            ],
         }  # fmt: skip
 
 

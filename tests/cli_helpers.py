@@ -4,6 +4,7 @@ helpers to run the real `tokenswift` entry point on it, in a subprocess or throu
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import subprocess
@@ -46,6 +47,18 @@ def build_tiny_folder(folder: Path, seed: int = 0) -> Path:
     with torch.no_grad():  # sharpen the random model so that greedy has no near-ties
         model.get_output_embeddings().weight.normal_(0.0, 0.35)
     model.save_pretrained(folder)
+    return folder
+
+
+CONTENT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # the messages' words, roles left out
+
+
+def with_chat_template(folder: Path, template: str = CONTENT_TEMPLATE) -> Path:
+    """`folder`'s tokenizer given a chat template, so that the model answers --prompt too."""
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config))
     return folder
 
 

@@ -53,7 +53,8 @@ def test_root_keyed_ngram_drafts_are_accepted_on_repetitive_text(source: str) ->
 def test_plans_of_auto_mode() -> None:
     cfg = RunConfig(max_new_tokens=10, draft=DraftConfig(auto=True))
     plans = candidate_plans(cfg, num_heads=3)
-    assert [p.source for p in plans] == ["plain", "ngram", "lookup", "lookup", "verify", "verify", "pass", "pass", "pass"]
+    sources = ["plain", "ngram", "lookup", "lookup", "verify", "verify", "pass", "pass", "pass"]
+    assert [p.source for p in plans] == sources
     assert [p.draft.tree for p in plans[-3:]] == [(1, 1, 1, 1), (1, 3, 3, 3), (3, 3, 3, 3)]  # small, full, wide
     assert [p.depth_cap for p in plans[2:4]] == [4, 16]  # the short lookup first
     assert plans[0].depth_cap == 0 and all(p.depth_cap > 0 for p in plans[1:])

@@ -12,9 +12,7 @@ from tokenswift_cli.cli.app import app
 from tokenswift_cli.runs import checkpoint
 
 
-def _run(
-    root: Path, name: str, text: str, stats: dict[str, object] | None = None, written: int | None = None
-) -> None:
+def _run(root: Path, name: str, text: str, stats: dict[str, object] | None = None, written: int | None = None) -> None:
     """A run folder as eval reads it; `written`: the tokens its checkpoint says it wrote, all of `text`."""
     run = root / name
     run.mkdir(parents=True)
@@ -47,8 +45,10 @@ def test_eval_of_several_runs_is_one_table(tmp_path: Path) -> None:
     assert lines[3].startswith("| 2 | 1170 | ") and lines[3].endswith("| - | - |")  # no checkpoint: no speed
     assert lines[4].startswith("| overall | 2670 | ")
     # Every `-` in the table is explained under it.
-    assert lines[6:] == ["NLL: - = not measured (--no-perplexity).",
-                         "tokens/s, tokens/step: - = a text file, or a run without a checkpoint to read them from."]
+    assert lines[6:] == [
+        "NLL: - = not measured (--no-perplexity).",
+        "tokens/s, tokens/step: - = a text file, or a run without a checkpoint to read them from.",
+    ]
     data = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
     per_run, total = [r["summary"] for r in data["runs"]], data["overall"]
     assert [r["stretches"] for r in per_run] == [3, 2] and total["stretches"] == 5

@@ -63,7 +63,8 @@ def test_the_plan_checks_exactness_first_then_times_every_drafting(dry_run: Path
 
 def test_the_stage_call_notes_a_missing_half(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(RUN), "stage", "--dry-run"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    command = ["bash", str(RUN), "stage", "--dry-run"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0
     assert (tmp_path / "env.txt").exists()
     if not (ROOT / ".gpu" / "part1").exists():

@@ -164,12 +164,9 @@ def test_write_keeps_the_whole_request_and_resume_uses_it(tmp_path: Path) -> Non
     (recorded), and a run continued by `resume --tokens` writes what one longer run writes."""
     import json
 
-    from cli_helpers import WORDS, build_tiny_folder, cli, one_thread
+    from cli_helpers import WORDS, build_tiny_folder, cli, one_thread, with_chat_template
 
-    folder = build_tiny_folder(tmp_path / "tiny")
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    folder = with_chat_template(build_tiny_folder(tmp_path / "tiny"))
     request = " ".join(WORDS[:80])
     common = ("--prompt", request, "-m", folder, "--context-window", "96", "--heads", "none", "-q", "--seed", "3")
     with one_thread():

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import PREFIX, build_tiny_folder, cli, one_thread, run_dir
+from cli_helpers import PREFIX, build_tiny_folder, cli, one_thread, run_dir, with_chat_template
 from transformers import AutoTokenizer
 
 from tokenswift_cli.config import ConfigError
@@ -32,12 +32,7 @@ def _one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def chat_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with a chat template (the tiny word-level vocabulary spells the roles as <unk>)."""
-    folder = build_tiny_folder(tmp_path_factory.mktemp("tiny-chat"))
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = TEMPLATE
-    config_path.write_text(json.dumps(config))
-    return folder
+    return with_chat_template(build_tiny_folder(tmp_path_factory.mktemp("tiny-chat")), TEMPLATE)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import PREFIX, build_tiny_folder, cli, one_thread, run_dir, start_blocked_writer, wait_for
+from cli_helpers import (
+    PREFIX,
+    build_tiny_folder,
+    cli,
+    one_thread,
+    run_dir,
+    start_blocked_writer,
+    wait_for,
+    with_chat_template,
+)
 
 from tokenswift_cli.cli import runs as runs_command
 
@@ -29,12 +38,7 @@ def _one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model, with a chat template so that it answers --prompt too."""
-    folder = build_tiny_folder(tmp_path_factory.mktemp("tiny-llama"))
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    config_path.write_text(json.dumps(config))
-    return folder
+    return with_chat_template(build_tiny_folder(tmp_path_factory.mktemp("tiny-llama")))
 
 
 @pytest.fixture

@@ -253,16 +253,16 @@ class Launch:
         )  # fmt: skip
 
     def split_constants(self, *, sinks: bool, cache_mask: bool) -> dict[str, Any]:
-        return dict(
-            SPLITS=self.splits, BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=self.block_d,
-            HEAD_DIM=self.head_dim, HAS_SINKS=sinks, HAS_CACHE_MASK=cache_mask, USE_DOT=self.dot,
-        )  # fmt: skip
+        return {
+            "SPLITS": self.splits, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_D": self.block_d,
+            "HEAD_DIM": self.head_dim, "HAS_SINKS": sinks, "HAS_CACHE_MASK": cache_mask, "USE_DOT": self.dot,
+        }  # fmt: skip
 
     def combine_constants(self, *, out_is_bf16: bool) -> dict[str, Any]:
-        return dict(
-            SPLITS=self.splits, BLOCK_M=self.block_m, BLOCK_D=self.block_d, HEAD_DIM=self.head_dim,
-            OUT_IS_BF16=out_is_bf16,
-        )  # fmt: skip
+        return {
+            "SPLITS": self.splits, "BLOCK_M": self.block_m, "BLOCK_D": self.block_d, "HEAD_DIM": self.head_dim,
+            "OUT_IS_BF16": out_is_bf16,
+        }  # fmt: skip
 
 
 def splits_for(capacity: int, kv_heads: int, row_blocks: int) -> int:
