@@ -83,7 +83,8 @@ def case(name: str, held: int, rows: int, bandwidth: float) -> dict[str, Any]:
     expected = torch_version()
     equal, dot_equal = torch.equal(kernels(), expected), torch.equal(dot_kernels(), expected)
     floor_ms = 2 * kv * (held + rows) * dim * 2 / (bandwidth * 1e9) * 1000  # keys and values, bf16, read once
-    # the register products at 64 rows and long caches took minutes in all (the H200 run of 2026-11-27): timed to 16K only
+    # the register products at 64 rows and long caches took minutes in all (the H200 run of 2026-11-27):
+    # timed to 16K only
     slow = rows > 4 and held > 16384
     kernel_ms = float("nan") if slow else graphed_ms(kernels)
     dot_ms, torch_ms = graphed_ms(dot_kernels), graphed_ms(torch_version)

@@ -6,7 +6,7 @@ prefills --context tokens of the held-out prefix, then times, taking turns in on
 
 * the whole plain step: one token's forward over the cache (the native decoder) and its head row;
 * each 4-bit product of every layer on one row (q/k/v fused, o, gate/up fused, down), as the decoder
-  calls them (`_weight_int4pack_mm_for_cpu`, bfloat16 in, float32 out);
+  calls them (`q4_products`: float32 in, quantised to 8 bits, float32 out);
 * the Q8_0 head on one row;
 * the row attention of one token over --context float16 cache rows, per layer;
 * the same products and attention with one layer's weights or cache read 30 times (in cache): as fast
@@ -90,12 +90,16 @@ def main() -> None:
         products["o"].append(layer.self_attn.o_proj)
         products["gate/up"].append(layer.mlp.gate_up_int4)
         products["down"].append(layer.mlp.down_proj)
-    inputs = {name: torch.randn(1, parts[0].in_features).bfloat16() for name, parts in products.items()}
+    inputs = {name: torch.randn(1, parts[0].in_features) for name, parts in products.items()}
+    module = kernels.load()
+
+    def apply(name: str, part: Any) -> None:
+        module.q4_products(inputs[name], part.packed, part.scales, part.lows, None, part.out_features)
 
     def product(name: str) -> Callable[[], Any]:
         def run() -> None:
             for part in products[name]:
-                torch.ops.aten._weight_int4pack_mm_for_cpu(inputs[name], part.packed, 32, part.scales_and_zeros)
+                apply(name, part)
 
         return run
 
@@ -105,7 +109,6 @@ def main() -> None:
     cache_v = torch.randn(len(layers), kv, args.context + 1, dim).half()
     layout = RowLayout.build(torch.tensor([args.context]), args.context, None)
     query = torch.randn(1, heads, dim)
-    module = kernels.load()
 
     def attend(index: int) -> None:
         module.row_attention(
@@ -133,15 +136,13 @@ def main() -> None:
         **{
             f"  {name} x {len(layers)}": (
                 product(name),
-                sum(nbytes(p.packed, p.scales_and_zeros) for p in products[name]),
+                sum(nbytes(p.packed, p.scales, p.lows) for p in products[name]),
                 2.0 * sum(p.in_features * p.out_features for p in products[name]),
             )
             for name in products
         },
         f"  gate/up of one layer x {len(layers)} (in cache)": (
-            lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(
-                inputs["gate/up"], products["gate/up"][0].packed, 32, products["gate/up"][0].scales_and_zeros,
-            ) for _ in layers],
+            lambda: [apply("gate/up", products["gate/up"][0]) for _ in layers],
             0, 2.0 * len(layers) * products["gate/up"][0].in_features * products["gate/up"][0].out_features,
         ),
         "Q8_0 head, one row": (

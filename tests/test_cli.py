@@ -531,6 +531,25 @@ def test_a_run_records_its_device_and_a_gpu_run_resumes_only_on_a_gpu(tiny_folde
     assert resumed.exit_code == 0 and "was written on another-cpu (cpu), resumes on" in resumed.stderr
 
 
+def test_a_run_records_its_4bit_arithmetic_and_says_when_it_resumes_under_another(
+    tiny_folder: Path, prefix_file: Path
+) -> None:
+    from tokenswift_cli.backends.cpu import int4
+
+    _, folder = write_in_process(tiny_folder, prefix_file, 20, "--weights", "int4")
+    settings = json.loads((folder / "settings.json").read_text())
+    assert settings["model"]["arithmetic"] == int4.ARITHMETIC
+    del settings["model"]["arithmetic"]  # as runs written until 2026-11-27 are
+    (folder / "settings.json").write_text(json.dumps(settings))
+    resumed = cli("resume", folder.name, "--tokens", 40)
+    assert resumed.exit_code == 0
+    assert f"computed as {int4.EARLIER}, resumes with {int4.ARITHMETIC}" in resumed.stderr
+    settings["model"]["arithmetic"] = int4.ARITHMETIC
+    (folder / "settings.json").write_text(json.dumps(settings))
+    again = cli("resume", folder.name, "--tokens", 60)  # the arithmetic it records: nothing to say
+    assert again.exit_code == 0 and "computed as" not in again.stderr
+
+
 def test_resume_refuses_a_corrupted_checkpoint(tiny_folder: Path, prefix_file: Path) -> None:
     _, folder = write_in_process(tiny_folder, prefix_file, 60, "--checkpoint-every", 20)
     segment = sorted((folder / "checkpoint").glob("kv-*.safetensors"))[1]

@@ -1,4 +1,5 @@
-"""4-bit weights: the GGUF's own Q4 groups are found exactly, rows do not depend on their batch, and lossless holds."""
+"""4-bit weights: the GGUF's own Q4 groups are found exactly, the products follow their documented order, rows do
+not depend on their batch, and lossless holds."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import torch
 from conftest import tiny_model
 from helpers import first_divergence, random_heads, random_prompt
 
-from tokenswift_cli.backends.cpu.int4 import GROUP, Int4Linear, is_q4, quantize_decoder
+from tokenswift_cli.backends.cpu import kernels
+from tokenswift_cli.backends.cpu.int4 import GROUP, LANES, Int4Linear, is_q4, pack, quantize_decoder, unpack
 from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.model.loading import load_model, parameter_count
 from tokenswift_cli.model.target import Target
 
-pytestmark = pytest.mark.skipif(not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="no int4 kernel")
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ kernels")
 
 
 def q4_linear(out_features: int, in_features: int, seed: int = 0) -> torch.nn.Linear:
@@ -36,14 +38,76 @@ def test_q4_groups_are_found_exactly_and_other_weights_are_quantised() -> None:
     linear = q4_linear(48, 96)
     layer, exact = Int4Linear.from_linear(linear)
     assert exact
-    # Only the bfloat16 rounding of the scale and of the offset m + 8d separates the two.
-    torch.testing.assert_close(layer.dense_weight(), linear.weight, atol=2e-3, rtol=0)
+    assert torch.equal(layer.dense_weight(), linear.weight)  # the GGUF's own d, m and q
     dense = torch.nn.Linear(96, 48, bias=False)
     rough, exact = Int4Linear.from_linear(dense)
     assert not exact
     step = (dense.weight.view(48, 3, GROUP).amax(-1) - dense.weight.view(48, 3, GROUP).amin(-1)) / 15
     error = (rough.dense_weight() - dense.weight).abs().view(48, 3, GROUP).amax(-1)
-    assert bool((error <= step / 2 + 2e-3).all())  # within half a step (+ the bfloat16 scales)
+    assert bool((error <= step / 2 + 2e-3).all())  # within half a step (+ the float16 scales)
+
+
+@pytest.mark.parametrize("shape", [(5, 32), (12, 96), (64, 576)])
+def test_packing_round_trips(shape: tuple[int, int]) -> None:
+    q = torch.randint(0, 16, shape, generator=torch.Generator().manual_seed(shape[0]))
+    assert torch.equal(unpack(pack(q), shape), q.to(torch.int32))
+
+
+def quantised_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q4_products.cpp's quantisation: per group of 32, dx = max |x| / 127, xq = round(x * (1 / dx)) (to
+    nearest even) -> (xq [R, G, 32], dx [R, G], dx * sum of xq [R, G])."""
+    groups = x.float().view(x.shape[0], -1, GROUP)
+    dx = groups.abs().amax(-1) / 127
+    inverse = torch.where(dx != 0, 1 / torch.where(dx != 0, dx, torch.ones_like(dx)), torch.zeros_like(dx))
+    xq = (groups * inverse[..., None]).round().clamp(-127, 127)
+    return xq, dx, dx * xq.sum(-1)
+
+
+def q4_reference(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
+    """The products in q4_products.cpp's documented order, emulated: per chunk of 16 groups, acc = fma(m,
+    dx * sum xq, acc) lane by group, then per pair of groups acc = fma(sums of 4 products, d * dx, acc) with
+    lanes 0-7 / 8-15 on groups 2p / 2p + 1; lanes folded l + (l + 8), + 4, + 2, + 1. A fused a * b + c is
+    exact in float64 before its one rounding to float32 (but for a rare double rounding)."""
+
+    def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return (a.double() * b.double() + c.double()).float()
+
+    xq, dx, offset = quantised_activations(x)
+    groups, outputs = dx.shape[1], layer.out_features
+    q = unpack(layer.packed, (outputs, layer.in_features)).view(outputs, groups, GROUP).float()
+    d, m = layer.scales[:outputs].float(), layer.lows[:outputs].float()
+    sums = (q[None] * xq[:, None]).view(x.shape[0], outputs, groups, 8, 4).sum(-1)  # exact integers
+    acc = torch.zeros(x.shape[0], outputs, LANES)
+    lanes = torch.arange(LANES)
+    for chunk in range(-(-groups // LANES)):
+        in_chunk = chunk * LANES + lanes
+        real = in_chunk < groups
+        acc = fma(torch.where(real, m[:, in_chunk.clamp(max=groups - 1)], 0.0)[None],
+                  torch.where(real, offset[:, in_chunk.clamp(max=groups - 1)], 0.0)[:, None], acc)  # fmt: skip
+        for first in range(chunk * LANES, min(groups, (chunk + 1) * LANES), 2):
+            pair = torch.zeros(x.shape[0], outputs, LANES)
+            scale = torch.zeros(x.shape[0], outputs, LANES)
+            for half, g in enumerate((first, first + 1)):
+                if g < groups:
+                    pair[..., 8 * half : 8 * half + 8] = sums[:, :, g]
+                    scale[..., 8 * half : 8 * half + 8] = (d[:, g][None] * dx[:, g][:, None])[..., None]
+            acc = fma(pair, scale, acc)
+    for width in (8, 4, 2, 1):
+        acc = acc + acc[..., lanes ^ width]
+    y = acc[..., 0]
+    return y + layer.bias if layer.bias is not None else y
+
+
+@pytest.mark.parametrize("shape", [(64, 576), (37, 96), (20, 1536)])  # 18 groups (a partial chunk), 3 (odd), 48
+def test_products_follow_their_documented_order_bit_for_bit(shape: tuple[int, int]) -> None:
+    outputs, inputs = shape
+    layer, _ = Int4Linear.from_linear(q4_linear(outputs, inputs, seed=outputs))
+    x = torch.randn(9, inputs, generator=torch.Generator().manual_seed(1)) * 3
+    x[2, :40] = 0  # a group of zeros: dx = 0
+    expected = q4_reference(x, layer)
+    for rows in (1, 2, 3, 9):  # the kernel's row tiles: one row (4 outputs at a time), 2, 3, 4 + 4 + 1
+        got = layer(x[:rows])
+        assert (got != expected[:rows]).sum() <= 1, "the products' arithmetic changed order on this CPU"
 
 
 def test_rows_do_not_depend_on_the_batch_and_match_the_dense_product() -> None:
@@ -54,8 +118,10 @@ def test_rows_do_not_depend_on_the_batch_and_match_the_dense_product() -> None:
     assert torch.equal(batch, rows) and batch.dtype == torch.float32
     for size in (1, 3, 16, 17, 28, 33):
         assert torch.equal(layer(x[:size]), batch[:size])
-    reference = x.bfloat16().float() @ layer.dense_weight().t()
-    torch.testing.assert_close(batch, reference, atol=2e-2, rtol=1e-2)
+    xq, dx, _ = quantised_activations(x)  # the activations at 8 bits: the product up to float32 rounding
+    reference = (xq * dx[..., None]).view(40, 128).double() @ layer.dense_weight().double().t()
+    torch.testing.assert_close(batch, reference.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch, x @ layer.dense_weight().t(), atol=0.05, rtol=0.02)  # 8-bit activations
 
 
 def test_bias_is_kept() -> None:
@@ -106,14 +172,14 @@ def test_auto_weights_are_int4_only_for_q4_models(tmp_path: Path) -> None:
     assert is_q4(model)
 
 
-@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa"])  # GQA: k/v of 16 outputs stay apart
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa"])
 def test_fused_projections_give_the_bits_of_the_separate_ones(family: str) -> None:
     from tokenswift_cli.engine.state import prefill
 
     model = tiny_model(family)
     quantize_decoder(model)
     block = model.model.layers[0]
-    assert hasattr(block.self_attn, "qkv_int4") == (family == "llama-mha") and hasattr(block.mlp, "gate_up_int4")
+    assert hasattr(block.self_attn, "qkv_int4") and hasattr(block.mlp, "gate_up_int4")
     fused, mlp = block.mlp.gate_up_int4, block.mlp
     assert fused.splits == (mlp.gate_proj.out_features, mlp.up_proj.out_features)
     assert mlp.gate_proj.packed.data_ptr() == fused.packed.data_ptr()  # a view: stored once

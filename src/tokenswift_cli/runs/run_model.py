@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tokenswift_cli.backends.cpu import int4
 from tokenswift_cli.config import (
     AutoWindow,
     ConfigError,
@@ -81,6 +82,7 @@ def load_run_model(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Cal
     weights = loaded.spec.weights if loaded.spec is not None else spec.weights  # "auto" resolved
     model_settings = {
         "spec": asdict(dataclasses.replace(spec, weights=weights)),
+        "arithmetic": int4.ARITHMETIC if weights == "int4" else None,
         "fingerprint": loaded.fingerprint,
         "label": label,
         "source": loaded.source,

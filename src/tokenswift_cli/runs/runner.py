@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from tokenswift_cli import __version__
+from tokenswift_cli.backends.cpu import int4
 from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
 from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
 from tokenswift_cli.model import memory
@@ -233,6 +234,18 @@ def _check_device_here(run_dir: Path, settings: dict[str, Any]) -> None:
         )
 
 
+def _note_other_arithmetic(run_dir: Path, settings: dict[str, Any], loaded: RunModel, renderer: Renderer) -> None:
+    """A run whose 4-bit products were computed otherwise (until 2026-11-27: no record) goes on, and says so."""
+    model = settings["model"]
+    recorded = model.get("arithmetic", int4.EARLIER if model["spec"].get("weights") == "int4" else None)
+    here = loaded.settings.get("arithmetic")
+    if recorded != here:
+        renderer.note(
+            f"{run_dir.name} was written with 4-bit products computed as {recorded or 'dense'}, resumes with "
+            f"{here or 'dense'}: the text stays the model's, but may part from what the first would have written"
+        )
+
+
 def _note_other_device(run_dir: Path, settings: dict[str, Any], loaded: RunModel, renderer: Renderer) -> None:
     recorded, here = settings.get("device"), processor(loaded.target)
     if recorded is not None and recorded != here:
@@ -269,6 +282,7 @@ def resume(
         loaded = load_run_model(spec, settings["heads"]["path"] or "none", cfg, renderer.note)
         _check_same_model(run_dir, settings, loaded)
         _note_other_device(run_dir, settings, loaded, renderer)
+        _note_other_arithmetic(run_dir, settings, loaded, renderer)
         cfg = bind_scripts(cfg, loaded)
         warning = plan_rope(
             spec, loaded.target.model.config, cfg.positions_needed(settings["prefix"]["tokens"])

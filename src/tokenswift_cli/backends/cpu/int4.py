@@ -1,17 +1,20 @@
 """4-bit weights (`--weights int4`): the decoder's linear layers read an eighth of float32's bytes.
 
-On a CPU, one decoding step reads every weight once, and a float32 matrix-vector product on one core
-streams ~12 GB/s while bfloat16's is no faster (measured: benchmarks/record/performance.md). torch's
-weight-only int4 kernel for CPUs (`_weight_int4pack_mm_for_cpu`, the one gpt-fast uses) takes
-bfloat16 activations and 4-bit weights in groups of 32 along the input, each group with a bfloat16
-scale and offset: w = (q - 8) * scale + offset, q in 0..15. It is row-invariant (a row's result does
-not depend on the other rows of the batch), so a verified tree still equals plain decoding.
+On a CPU, one decoding step reads every weight once, so bytes are time; and the products are done
+as llama.cpp does them, in integers: each row of activations is quantised per group of 32 to 8 bits
+(x ~ dx * xq), the weights are 4-bit levels with a float16 scale and offset per group of 32
+(w = m + d * q, q in 0..15), and `csrc/q4_products.cpp` sums q * xq with integer dot products
+(AVX-512 VNNI `vpdpbusd`, or AVX2's multiply-adds), then scales each group's sum in float32 in one
+fixed order. A row's result depends on that row alone, so a verified tree still equals plain decoding.
 
 The embedded model is a Q4_1 GGUF: every weight of its linear layers already is m + d * q with a
 float16 d and m per group of 32. `Int4Linear.from_linear` finds these exactly in the de-quantised
-weights (scale d, offset m + 8d), so the 4-bit model is the GGUF's own, up to the bfloat16 rounding
-of d and m + 8d. Other weights are quantised the same way from their group's min and max (lossy).
-Everything else (norms, embeddings, attention, the KV cache, the output head) keeps the model's dtype.
+weights, so the 4-bit layers hold the GGUF's own numbers. Other weights are quantised the same way
+from their group's min and max (lossy). Everything else (norms, embeddings, attention, the KV cache,
+the output head) keeps the model's dtype.
+
+`ARITHMETIC` names this arithmetic: runs record it, and a run written under another says so when it
+resumes (its text from there may part from what it would have written).
 """
 
 from __future__ import annotations
@@ -21,34 +24,35 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenswift_cli.backends.cpu import kernels
+
 GROUP = 32
+LANES = 16  # scales and offsets are stored padded to a multiple of this many groups
+OUTPUTS = 4  # weight rows stored interleaved, read together
+ARITHMETIC = "4-bit x 8-bit integers"
+# What runs written until 2026-11-27 (which record none) used: torch's `_weight_int4pack_mm_for_cpu`.
+EARLIER = "4-bit x bfloat16"
 
 
 def supported(device: torch.device) -> bool:
-    return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    return device.type == "cpu" and kernels.available()
 
 
 def _groups_of_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
     """(q [out, in] int32, scale [out, groups], low [out, groups], exact) with weight ~ low + scale * q.
 
-    exact: every group is low + scale * q with float16 low and scale (a de-quantised Q4_0/Q4_1 tensor).
+    scale and low are float16 values. exact: every group is low + scale * q (a de-quantised Q4_1
+    tensor); otherwise the groups are quantised from their range, each weight within half a step.
     """
     out_features, in_features = weight.shape
     groups = weight.float().view(out_features, in_features // GROUP, GROUP)
     low, high = groups.amin(-1), groups.amax(-1)
-
-    def levels(scale: torch.Tensor) -> torch.Tensor:
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        return ((groups - low[..., None]) / safe[..., None]).round().clamp(0, 15)
-
     scale = ((high - low) / 15).half().float()  # a Q4 group's top value is low + 15 d (its q = 15)
-    q = levels(scale)
-    rebuilt = q * scale[..., None] + low[..., None]
-    exact = bool(torch.equal(low.half().float(), low)) and bool(torch.equal(rebuilt, groups))
-    if not exact:  # plain asymmetric quantisation from the group's range, in float32
-        scale = (high - low) / 15
-        q = levels(scale)
-    return q.to(torch.int32).view(out_features, in_features), scale, low, exact
+    low16 = low.half().float()
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = ((groups - low16[..., None]) / safe[..., None]).round().clamp(0, 15)
+    exact = bool(torch.equal(low16, low)) and bool(torch.equal(q * scale[..., None] + low16[..., None], groups))
+    return q.to(torch.int32).view(out_features, in_features), scale, low16, exact
 
 
 def is_q4(model: torch.nn.Module) -> bool:
@@ -58,66 +62,98 @@ def is_q4(model: torch.nn.Module) -> bool:
     return bool(linears) and all(m.in_features % GROUP == 0 and _groups_of_q4(m.weight.detach())[3] for m in linears)
 
 
-FUSE_BLOCK = 64  # outputs per block of the packed layout (measured: parts of 16, 32, 48, 96 break)
+def pack(q: torch.Tensor) -> torch.Tensor:
+    """Levels [out, in] (0..15) -> bytes [blocks of 4 rows, pairs * 4 * 32], as q4_products.cpp reads them.
+
+    Per block of `OUTPUTS` rows (zero rows pad the last), per pair p of groups, each row's 32 bytes: byte
+    j is group 2p's q_j | group 2p+1's q_j << 4. A block's rows are read together, from one stream.
+    """
+    out_features, in_features = q.shape
+    groups, rows = in_features // GROUP, -(-out_features // OUTPUTS) * OUTPUTS
+    grouped = torch.zeros(rows, groups + groups % 2, GROUP, dtype=torch.uint8)
+    grouped[:out_features, :groups] = q.to(torch.uint8).view(out_features, groups, GROUP)
+    pairs = grouped.view(rows, -1, 2, GROUP)
+    nibbles = pairs[:, :, 0] | (pairs[:, :, 1] << 4)  # [rows, pairs, 32]
+    blocks = nibbles.view(rows // OUTPUTS, OUTPUTS, -1, GROUP).transpose(1, 2)  # [blocks, pairs, 4, 32]
+    return blocks.reshape(rows // OUTPUTS, -1).contiguous()
+
+
+def unpack(packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """`pack`'s inverse: levels [out, in] as int32."""
+    out_features, in_features = shape
+    blocks = packed.view(packed.shape[0], -1, OUTPUTS, GROUP).transpose(1, 2)  # [blocks, 4, pairs, 32]
+    nibbles = blocks.reshape(packed.shape[0] * OUTPUTS, -1, GROUP)
+    both = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=2).reshape(nibbles.shape[0], -1)
+    return both[:out_features, :in_features].to(torch.int32)
+
+
+def _padded(values: torch.Tensor) -> torch.Tensor:
+    """[out, groups] -> float16 [out rounded up to OUTPUTS, groups rounded up to LANES], zeros after."""
+    out_features, groups = values.shape
+    rows, columns = -(-out_features // OUTPUTS) * OUTPUTS, -(-groups // LANES) * LANES
+    stored = torch.zeros(rows, columns, dtype=torch.float16)
+    stored[:out_features, :groups] = values.half()
+    return stored
 
 
 class Int4Linear(torch.nn.Module):
     """A linear layer with 4-bit weights; input, output and bias keep their dtype."""
 
     def __init__(
-        self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, bias: torch.Tensor | None, shape: tuple[int, int]
-    ) -> None:
+        self, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, bias: torch.Tensor | None,
+        shape: tuple[int, int],
+    ) -> None:  # fmt: skip
         super().__init__()
         self.out_features, self.in_features = shape
         self.register_buffer("packed", packed)
-        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("scales", scales)
+        self.register_buffer("lows", lows)
         self.bias = bias
         self.splits: tuple[int, ...] = (self.out_features,)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> tuple[Int4Linear, bool]:
-        """The 4-bit layer, and whether it holds the original weights exactly (up to bfloat16 scales)."""
+        """The 4-bit layer, and whether it holds the original weights exactly."""
         q, scale, low, exact = _groups_of_q4(linear.weight.detach())
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        # (q - 8) * scale + zero = low + q * scale
-        scales_and_zeros = torch.stack([scale.t(), (low + 8 * scale).t()], dim=-1).contiguous().bfloat16()
-        bias = None if linear.bias is None else linear.bias.detach()
-        return cls(packed, scales_and_zeros, bias, (linear.out_features, linear.in_features)), exact
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        layer = cls(pack(q), _padded(scale), _padded(low), bias, (linear.out_features, linear.in_features))
+        return layer, exact
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias
+        rows = x.reshape(-1, self.in_features).float()
+        y = kernels.load().q4_products(rows, self.packed, self.scales, self.lows, self.bias, self.out_features)
+        y = y.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
     @classmethod
     def fused(cls, parts: list[Int4Linear]) -> Int4Linear:
         """One layer computing `parts` side by side (output `[..., sum of outs]`, split by `splits`).
 
-        The kernel computes each output column on its own, so the fused product gives the parts'
-        bits exactly (tested); one call instead of several saves their per-call overhead. The parts
-        then read views of the fused buffers, so nothing is stored twice. Only for parts of whole
-        blocks of `FUSE_BLOCK` outputs: the packed layout interleaves rows within a block.
+        Each output is computed on its own, so the fused product gives the parts' bits exactly
+        (tested); one call instead of several saves their per-call overhead. The parts then read
+        views of the fused buffers, so nothing is stored twice.
         """
-        assert all(p.out_features % FUSE_BLOCK == 0 for p in parts)
-        packed = torch.cat([p.packed for p in parts], dim=0)
-        scales_and_zeros = torch.cat([p.scales_and_zeros for p in parts], dim=1)
+        assert all(p.out_features % OUTPUTS == 0 for p in parts)  # no padding rows between parts
+        packed = torch.cat([p.packed for p in parts])
+        scales, lows = torch.cat([p.scales for p in parts]), torch.cat([p.lows for p in parts])
         biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
         bias = torch.cat(biases) if any(p.bias is not None for p in parts) else None
-        fused = cls(packed, scales_and_zeros, bias, (packed.shape[0], parts[0].in_features))
+        fused = cls(packed, scales, lows, bias, (scales.shape[0], parts[0].in_features))
         fused.splits = tuple(p.out_features for p in parts)
         start = 0
         for part in parts:
-            part.packed = packed[start : start + part.out_features]
-            part.scales_and_zeros = scales_and_zeros[:, start : start + part.out_features].contiguous()
+            rows = slice(start, start + part.out_features)
+            part.packed = packed[start // OUTPUTS : (start + part.out_features) // OUTPUTS]
+            part.scales, part.lows = scales[rows], lows[rows]
             start += part.out_features
         return fused
 
     def dense_weight(self) -> torch.Tensor:
-        """The float32 weights `[out, in]` the kernel computes with (for tests and checks)."""
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_and_zeros).float().t()
+        """The float32 weights `[out, in]` the layer stores: m + d * q per group."""
+        groups = self.in_features // GROUP
+        q = unpack(self.packed, (self.out_features, self.in_features)).float().view(self.out_features, groups, GROUP)
+        d, m = self.scales[: self.out_features, :groups].float(), self.lows[: self.out_features, :groups].float()
+        return (m[..., None] + d[..., None] * q).view(self.out_features, self.in_features)
 
 
 @dataclass(frozen=True)
@@ -160,7 +196,7 @@ def _fuse_projections(block: torch.nn.Module) -> None:
     attn, mlp = block.self_attn, block.mlp
 
     def fusable(parts: list[object]) -> bool:
-        return all(isinstance(m, Int4Linear) and m.out_features % FUSE_BLOCK == 0 for m in parts)
+        return all(isinstance(m, Int4Linear) and m.out_features % OUTPUTS == 0 for m in parts)
 
     qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
     if fusable(qkv):

@@ -21,7 +21,6 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from tokenswift_cli.backends.cpu import kernels
 from tokenswift_cli.backends.cpu.int4 import Int4Linear
 from tokenswift_cli.backends.cpu.row_attention import RowLayout
-from tokenswift_cli.backends.rows import EXACT_ROWS
 from tokenswift_cli.model.cache import PreallocatedLayer
 
 _NORMS = (LlamaRMSNorm.forward, Qwen2RMSNorm.forward)
@@ -63,7 +62,7 @@ def _native_layer(module: Any, layer: Any) -> object:
     assert projections is not None
 
     def int4(linear: Int4Linear) -> object:
-        return module.Int4(linear.packed, linear.scales_and_zeros, linear.bias)
+        return module.Int4(linear.packed, linear.scales, linear.lows, linear.bias, linear.out_features)
 
     qkv, gate_up = ([int4(p) for p in group] for group in projections)
     o, down = int4(layer.self_attn.o_proj), int4(layer.mlp.down_proj)
@@ -98,7 +97,6 @@ class NativeDecoder:
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
         native = module.Decoder(
             native_layers, heads, kv_heads, attn.head_dim, layers[0].mlp.down_proj.in_features, float(attn.scaling),
-            EXACT_ROWS,
         )  # fmt: skip
         return cls(native=native, heads=heads, kv_heads=kv_heads, head_dim=attn.head_dim, layers=len(layers))
 

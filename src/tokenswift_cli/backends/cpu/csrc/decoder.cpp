@@ -1,7 +1,7 @@
 // The decoder layers of a llama-family model with 4-bit weights, float32 activations, on a CPU, in one
 // call per forward (native_decoder.py). Each step is the operation the Python lean forward runs
-// (target.py: the model's RMSNorm, its 4-bit products, SiLU), on the same ATen kernels in the same
-// order, or, for the elementwise steps (the rotary embedding, the cache writes), the same roundings
+// (target.py: the model's RMSNorm, its 4-bit products, SiLU), on the same kernels (ATen's, and
+// q4_products.cpp for the products) in the same order, or, for the elementwise steps (the rotary embedding, the cache writes), the same roundings
 // written out (compiled with -ffp-contract=off: every product and sum rounded on its own, as ATen's
 // elementwise kernels do). So it gives the modules' bits and sheds only their per-operation Python
 // cost, which was a third of a plain step.
@@ -15,39 +15,28 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
                          const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
                          int64_t offset, int64_t committed, double scaling, int64_t block);
 
-namespace {
+at::Tensor q4_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& lows,
+                       const std::optional<at::Tensor>& bias, int64_t n_out);
 
-constexpr int64_t kInt4Group = 32;
-
-}  // namespace
-
-// One 4-bit linear layer (int4.py's Int4Linear): bfloat16 inputs, float32 outputs, an optional bias.
+// One 4-bit linear layer (int4.py's Int4Linear): float32 inputs and outputs, an optional bias.
 struct Int4 {
-  at::Tensor packed, scales;
+  at::Tensor packed, scales, lows;
   std::optional<at::Tensor> bias;
-  Int4(at::Tensor packed, at::Tensor scales, std::optional<at::Tensor> bias)
-      : packed(std::move(packed)), scales(std::move(scales)), bias(std::move(bias)) {}
+  int64_t outputs;
+  Int4(at::Tensor packed, at::Tensor scales, at::Tensor lows, std::optional<at::Tensor> bias, int64_t outputs)
+      : packed(std::move(packed)), scales(std::move(scales)), lows(std::move(lows)), bias(std::move(bias)),
+        outputs(outputs) {}
 
-  at::Tensor apply(const at::Tensor& x) const {
-    at::Tensor y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), packed, kInt4Group, scales).to(x.scalar_type());
-    return bias ? y + *bias : y;
-  }
-  // At most `limit` rows per product, as exact_attention.exact_rows splits them.
-  at::Tensor operator()(const at::Tensor& x, int64_t limit) const {
-    if (x.size(0) <= limit) return apply(x);
-    std::vector<at::Tensor> parts;
-    for (const at::Tensor& part : x.split(limit, 0)) parts.push_back(apply(part));
-    return at::cat(parts, 0);
-  }
+  at::Tensor operator()(const at::Tensor& x) const { return q4_products(x, packed, scales, lows, bias, outputs); }
 };
 
 // Layers that read the same input: one fused product, or the parts side by side (q/k/v, gate/up).
 struct Int4Parts {
   std::vector<Int4> parts;
-  at::Tensor operator()(const at::Tensor& x, int64_t limit) const {
-    if (parts.size() == 1) return parts[0](x, limit);
+  at::Tensor operator()(const at::Tensor& x) const {
+    if (parts.size() == 1) return parts[0](x);
     std::vector<at::Tensor> outs;
-    for (const Int4& part : parts) outs.push_back(part(x, limit));
+    for (const Int4& part : parts) outs.push_back(part(x));
     return at::cat(outs, 1);
   }
 };
@@ -104,12 +93,12 @@ void write_kv(const float* row, const float* cos, const float* sin, const at::Te
 
 struct Decoder {
   std::vector<Layer> layers;
-  int64_t heads, kv_heads, dim, intermediate, exact_rows;
+  int64_t heads, kv_heads, dim, intermediate;
   double scaling;
   Decoder(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t dim, int64_t intermediate,
-          double scaling, int64_t exact_rows)
+          double scaling)
       : layers(std::move(layers)), heads(heads), kv_heads(kv_heads), dim(dim), intermediate(intermediate),
-        exact_rows(exact_rows), scaling(scaling) {}
+        scaling(scaling) {}
 
   // x [q, hidden] -> x after every layer. cos/sin [q, dim] at the tokens' positions, sink_cos/sink_sin
   // where the sinks are scored (a context window); keys/values per layer [kv, capacity, dim] with
@@ -131,7 +120,7 @@ struct Decoder {
     const float* ss = sink_queries ? sink_sin->data_ptr<float>() : nullptr;
     for (size_t index = 0; index < layers.size(); ++index) {
       const Layer& layer = layers[index];
-      const at::Tensor projected = layer.qkv(rms_norm(x, layer.input_norm, layer.input_eps), exact_rows).contiguous();
+      const at::Tensor projected = layer.qkv(rms_norm(x, layer.input_norm, layer.input_eps)).contiguous();
       const at::Tensor& k_cache = keys[index];
       const at::Tensor& v_cache = values[index];
       TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1 && k_cache.size(1) >= stored + rows);
@@ -156,10 +145,10 @@ struct Decoder {
           row_attention(query, sink_query, k_cache.narrow(1, 0, stored + rows), v_cache.narrow(1, 0, stored + rows),
                         lowest, anc, sinks, stored, offset, committed, scaling, block)
               .view({rows, q_width});
-      x = x + layer.o(attended, exact_rows);
-      const at::Tensor gate_up = layer.gate_up(rms_norm(x, layer.post_norm, layer.post_eps), exact_rows);
+      x = x + layer.o(attended);
+      const at::Tensor gate_up = layer.gate_up(rms_norm(x, layer.post_norm, layer.post_eps));
       const at::Tensor hidden = at::silu(gate_up.narrow(1, 0, intermediate)) * gate_up.narrow(1, intermediate, intermediate);
-      x = x + layer.down(hidden, exact_rows);
+      x = x + layer.down(hidden);
     }
     return x;
   }
@@ -167,11 +156,11 @@ struct Decoder {
 
 void bind_decoder(pybind11::module& m) {
   namespace py = pybind11;
-  py::class_<Int4>(m, "Int4").def(py::init<at::Tensor, at::Tensor, std::optional<at::Tensor>>());
+  py::class_<Int4>(m, "Int4").def(py::init<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>, int64_t>());
   py::class_<Layer>(m, "Layer")
       .def(py::init<at::Tensor, double, std::vector<Int4>, Int4, at::Tensor, double, std::vector<Int4>, Int4>());
   py::class_<Decoder>(m, "Decoder")
-      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, int64_t, double, int64_t>())
+      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, int64_t, double>())
       // Touches no Python object: other threads (the live panel) run meanwhile.
       .def("forward", &Decoder::forward, py::call_guard<py::gil_scoped_release>(),
            "every decoder layer of one forward (float32, 4-bit weights, CPU)");
