@@ -72,7 +72,7 @@ def main() -> None:
     tensors = [*target.model.parameters(), *target.model.buffers()]
     model_mib = sum(t.numel() * t.element_size() for t in tensors) / MIB
     if target.q8_head is not None:
-        model_mib += sum(t.numel() * t.element_size() for t in (target.q8_head.values, target.q8_head.scales)) / MIB
+        model_mib += sum(t.numel() * t.element_size() for t in (target.q8_head.packed, target.q8_head.scales)) / MIB
     stage("model loaded", model_mib=model_mib)
 
     prompt = loaded.tokenizer(BOOK.read_text(encoding="utf-8"))["input_ids"][: args.prefix_tokens]

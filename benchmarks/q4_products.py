@@ -1,7 +1,7 @@
-"""The 4-bit products of one forward, until and from 2026-11-27, taken in turns in one process.
+"""The 4-bit products of one forward, before and after the change of 2026-11-27, taken in turns in one process.
 
 Before: torch's weight-only int4 kernel (`_weight_int4pack_mm_for_cpu`: bfloat16 activations, bfloat16
-scale and offset per group), as the engine called it until then. After: `q4_products` (csrc/q4_products.cpp:
+scale and offset per group), as the engine called it until then. After: `q4_products` (csrc/quantised_products.cpp:
 activations quantised to 8 bits per group of 32, integer dot products, the GGUF's float16 scales).
 Both read the same 4-bit levels of the embedded model's decoder (q/k/v and gate/up fused, o, down, every
 layer), for a plain step (1 row), a verified tree (16 and 64 rows) and a prefill (512 rows); each case is

@@ -146,7 +146,7 @@ def main() -> None:
             0, 2.0 * len(layers) * products["gate/up"][0].in_features * products["gate/up"][0].out_features,
         ),
         "Q8_0 head, one row": (
-            lambda: head.logits(hidden), nbytes(head.values, head.scales), 2.0 * head.values.numel(),
+            lambda: head.logits(hidden), nbytes(head.packed, head.scales), 2.0 * head.vocab * head.hidden,
         ),
         f"attention over {args.context} f16 rows x {len(layers)}": (
             attention, nbytes(cache_k, cache_v), 4.0 * heads * dim * args.context * len(layers),

@@ -54,7 +54,7 @@ def test_packing_round_trips(shape: tuple[int, int]) -> None:
 
 
 def quantised_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q4_products.cpp's quantisation: per group of 32, dx = max |x| / 127, xq = round(x * (1 / dx)) (to
+    """quantised_products.cpp's quantisation: per group of 32, dx = max |x| / 127, xq = round(x * (1 / dx)) (to
     nearest even) -> (xq [R, G, 32], dx [R, G], dx * sum of xq [R, G])."""
     groups = x.float().view(x.shape[0], -1, GROUP)
     dx = groups.abs().amax(-1) / 127
@@ -63,27 +63,29 @@ def quantised_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     return xq, dx, dx * xq.sum(-1)
 
 
-def q4_reference(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
-    """The products in q4_products.cpp's documented order, emulated: per chunk of 16 groups, acc = fma(m,
-    dx * sum xq, acc) lane by group, then per pair of groups acc = fma(sums of 4 products, d * dx, acc) with
-    lanes 0-7 / 8-15 on groups 2p / 2p + 1; lanes folded l + (l + 8), + 4, + 2, + 1. A fused a * b + c is
-    exact in float64 before its one rounding to float32 (but for a rare double rounding)."""
+def products_reference(
+    x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None
+) -> torch.Tensor:
+    """quantised_products.cpp's documented order, emulated, for levels q [out, in], scales d and offsets m
+    [out, groups] (none for Q8_0): per chunk of 16 groups, acc = fma(m, dx * sum xq, acc) lane by group,
+    then per pair of groups acc = fma(sums of 4 products, d * dx, acc) with lanes 0-7 / 8-15 on groups 2p /
+    2p + 1; lanes folded l + (l + 8), + 4, + 2, + 1. A fused a * b + c is exact in float64 before its one
+    rounding to float32 (but for a rare double rounding)."""
 
     def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         return (a.double() * b.double() + c.double()).float()
 
     xq, dx, offset = quantised_activations(x)
-    groups, outputs = dx.shape[1], layer.out_features
-    q = unpack(layer.packed, (outputs, layer.in_features)).view(outputs, groups, GROUP).float()
-    d, m = layer.scales[:outputs].float(), layer.lows[:outputs].float()
-    sums = (q[None] * xq[:, None]).view(x.shape[0], outputs, groups, 8, 4).sum(-1)  # exact integers
+    groups, outputs = dx.shape[1], q.shape[0]
+    sums = (q.float().view(outputs, groups, GROUP)[None] * xq[:, None]).view(x.shape[0], outputs, groups, 8, 4).sum(-1)
     acc = torch.zeros(x.shape[0], outputs, LANES)
     lanes = torch.arange(LANES)
     for chunk in range(-(-groups // LANES)):
-        in_chunk = chunk * LANES + lanes
-        real = in_chunk < groups
-        acc = fma(torch.where(real, m[:, in_chunk.clamp(max=groups - 1)], 0.0)[None],
-                  torch.where(real, offset[:, in_chunk.clamp(max=groups - 1)], 0.0)[:, None], acc)  # fmt: skip
+        if m is not None:
+            in_chunk = (chunk * LANES + lanes).clamp(max=groups - 1)
+            real = chunk * LANES + lanes < groups
+            lows, offsets = torch.where(real, m[:, in_chunk], 0.0), torch.where(real, offset[:, in_chunk], 0.0)
+            acc = fma(lows[None], offsets[:, None], acc)
         for first in range(chunk * LANES, min(groups, (chunk + 1) * LANES), 2):
             pair = torch.zeros(x.shape[0], outputs, LANES)
             scale = torch.zeros(x.shape[0], outputs, LANES)
@@ -94,7 +96,15 @@ def q4_reference(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
             acc = fma(pair, scale, acc)
     for width in (8, 4, 2, 1):
         acc = acc + acc[..., lanes ^ width]
-    y = acc[..., 0]
+    return acc[..., 0]
+
+
+def q4_reference(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
+    """The layer's products in their documented order (`products_reference`), then its bias."""
+    outputs, groups = layer.out_features, layer.in_features // GROUP
+    q = unpack(layer.packed, (outputs, layer.in_features))
+    d, m = layer.scales[:outputs, :groups].float(), layer.lows[:outputs, :groups].float()
+    y = products_reference(x, q, d, m)
     return y + layer.bias if layer.bias is not None else y
 
 

@@ -183,50 +183,39 @@ def q8_weight(rows: int, columns: int, seed: int = 0, scale: float = 0.01) -> to
 def test_q8_head_recovers_q8_0_and_gives_each_row_its_own_logits() -> None:
     from tokenswift_cli.backends.cpu.q8_head import Q8Head
 
-    weight = q8_weight(300, 64)
+    weight = q8_weight(301, 64)  # a vocabulary that is no multiple of the 4 rows stored together
     head = Q8Head.from_weight(weight)
-    assert head is not None and head.values.dtype == torch.int8
+    assert head is not None and head.packed.dtype == torch.uint8
+    assert torch.equal(head.values().float() * head.group_scales().repeat_interleave(32, dim=1), weight)
     assert Q8Head.from_weight(torch.randn(300, 64)) is None  # not a Q8_0 tensor: the float32 head stays
     chunked = Q8Head.from_weight(weight, rows=64)  # converted 64 rows at a time, the last part shorter
-    assert chunked is not None and torch.equal(chunked.values, head.values) and torch.equal(chunked.scales, head.scales)
+    assert chunked is not None and torch.equal(chunked.packed, head.packed) and torch.equal(chunked.scales, head.scales)
     broken = weight.clone()
     broken[299, 5] += 1e-3  # one value off the grid, in the last part
     assert Q8Head.from_weight(broken, rows=64) is None
-    hidden = torch.randn(19, 64)  # rows go through the head 8 at a time
+    hidden = torch.randn(19, 64)  # rows go through the head 4 at a time
     logits = head.logits(hidden)
-    torch.testing.assert_close(logits, hidden @ weight.T, atol=1e-4, rtol=1e-4)
+    assert logits.shape == (19, 301)
+    from test_int4 import quantised_activations
+
+    xq, dx, _ = quantised_activations(hidden)  # the hidden state at 8 bits: the product up to float32 rounding
+    exact = (xq * dx[..., None]).view(19, 64).double() @ weight.double().T
+    torch.testing.assert_close(logits, exact.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, hidden @ weight.T, atol=0.2, rtol=0.05)
     for row in range(19):  # batch-invariant: alone, a row gets the same bits
         assert torch.equal(head.logits(hidden[row : row + 1])[0], logits[row])
 
 
-def q8_reference(hidden: torch.Tensor, head) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """q8_logits.cpp's documented order in float64 emulation: per group of 32, lo * x, fused with
-    hi * x', fused into the 16-lane accumulator at the group's scale; lanes folded l + (l + 8), + 4, + 2, + 1.
-    A fused a * b + c is exact in float64 before its one rounding to float32 (but for a rare double rounding)."""
-
-    def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        return (a.double() * b.double() + c.double()).float()
-
-    values = head.values.float().reshape(head.values.shape[0], -1, 2, 16)  # [V, G, 2, 16]
-    x = hidden.float().reshape(hidden.shape[0], 1, -1, 2, 16)  # [R, 1, G, 2, 16]
-    acc = torch.zeros(hidden.shape[0], values.shape[0], 16)
-    for g in range(values.shape[1]):
-        part = fma(values[:, g, 1], x[:, :, g, 1], values[:, g, 0] * x[:, :, g, 0])
-        acc = fma(head.scales[:, g, None].expand(-1, 16), part, acc)
-    for width in (8, 4, 2, 1):
-        lanes = torch.arange(16)
-        acc = acc + acc[..., lanes ^ width]
-    return acc[..., 0]
-
-
 def test_q8_logits_follow_their_documented_order_bit_for_bit() -> None:
+    from test_int4 import products_reference
+
     from tokenswift_cli.backends.cpu.q8_head import Q8Head
 
     head = Q8Head.from_weight(q8_weight(1000, 576, seed=3, scale=0.2))
     assert head is not None
     hidden = torch.randn(10, 576, generator=torch.Generator().manual_seed(4))
-    expected = q8_reference(hidden, head)
-    for rows in (1, 3, 10):  # one row, a part of the kernels' row blocks, several blocks
+    expected = products_reference(hidden, head.values(), head.group_scales())
+    for rows in (1, 2, 3, 10):  # the kernel's row tiles
         got = head.logits(hidden[:rows])
         assert (got != expected[:rows]).sum() <= 1, "the head's arithmetic changed order on this CPU"
 

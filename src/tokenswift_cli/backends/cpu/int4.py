@@ -3,7 +3,7 @@
 On a CPU, one decoding step reads every weight once, so bytes are time; and the products are done
 as llama.cpp does them, in integers: each row of activations is quantised per group of 32 to 8 bits
 (x ~ dx * xq), the weights are 4-bit levels with a float16 scale and offset per group of 32
-(w = m + d * q, q in 0..15), and `csrc/q4_products.cpp` sums q * xq with integer dot products
+(w = m + d * q, q in 0..15), and `csrc/quantised_products.cpp` sums q * xq with integer dot products
 (AVX-512 VNNI `vpdpbusd`, or AVX2's multiply-adds), then scales each group's sum in float32 in one
 fixed order. A row's result depends on that row alone, so a verified tree still equals plain decoding.
 
@@ -63,7 +63,7 @@ def is_q4(model: torch.nn.Module) -> bool:
 
 
 def pack(q: torch.Tensor) -> torch.Tensor:
-    """Levels [out, in] (0..15) -> bytes [blocks of 4 rows, pairs * 4 * 32], as q4_products.cpp reads them.
+    """Levels [out, in] (0..15) -> bytes [blocks of 4 rows, pairs * 4 * 32], as quantised_products.cpp reads them.
 
     Per block of `OUTPUTS` rows (zero rows pad the last), per pair p of groups, each row's 32 bytes: byte
     j is group 2p's q_j | group 2p+1's q_j << 4. A block's rows are read together, from one stream.

@@ -29,7 +29,7 @@ from tokenswift_cli.paths import cache_dir
 
 SOURCES = tuple(
     Path(__file__).with_name("csrc") / n
-    for n in ("row_attention.cpp", "q4_products.cpp", "q8_logits.cpp", "decoder.cpp", "scores.cpp", "bindings.cpp")
+    for n in ("row_attention.cpp", "quantised_products.cpp", "decoder.cpp", "scores.cpp", "bindings.cpp")
 )
 HEADERS = (Path(__file__).with_name("csrc") / "simd.h",)
 # -ffp-contract=off: the compiler fuses no multiply-add on its own (see row_attention.cpp)

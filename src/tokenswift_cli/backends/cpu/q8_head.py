@@ -2,9 +2,11 @@
 
 The embedded model's GGUF stores its tied embedding and output head as Q8_0; its float32 copy holds
 exactly those values, so they are recovered losslessly (`Q8Head.from_weight`) and the head reads
-int8: a quarter of float32's bytes (113 MB per step for SmolLM2's 49,152 x 576 head). Each logit
-depends only on its own row (csrc/q8_logits.cpp), so verification stays batch-invariant. Used with
-4-bit weights (where the model is this engine's own, not `transformers`' float32 one).
+int8: a quarter of float32's bytes (113 MB per step for SmolLM2's 49,152 x 576 head). The hidden state
+is quantised to 8 bits per group of 32 and multiplied in integers, as the 4-bit layers are
+(csrc/quantised_products.cpp). Each logit depends only on its own row, so verification stays
+batch-invariant. Used with 4-bit weights (where the model is this engine's own, not `transformers`'
+float32 one).
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ from tokenswift_cli.backends.cpu import kernels
 GROUP = 32
 
 
+OUTPUTS, LANES = 4, 16  # rows stored side by side, scales padded to a multiple of 16 groups
+
+
 @dataclass(frozen=True)
 class Q8Head:
-    values: torch.Tensor  # [vocab, hidden] int8
-    scales: torch.Tensor  # [vocab, hidden / 32] float32
+    packed: torch.Tensor  # [vocab / 4, hidden * 4] bytes: per block of 4 rows, per pair of groups, each row's 64
+    scales: torch.Tensor  # [vocab rounded up to 4, groups rounded up to 16] float16, zeros past the real ones
+    vocab: int
+    hidden: int
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, rows: int = 16384) -> Q8Head | None:
@@ -36,12 +43,34 @@ class Q8Head:
         if any(part is None for part in parts):
             return None
         values, scales = zip(*parts, strict=True)  # type: ignore[misc]
-        return cls(torch.cat(values).contiguous(), torch.cat(scales).contiguous())
+        return cls.from_values(torch.cat(values), torch.cat(scales))
+
+    @classmethod
+    def from_values(cls, values: torch.Tensor, scales: torch.Tensor) -> Q8Head:
+        """From int8 values `[vocab, hidden]` and their float16-exact scales `[vocab, hidden / 32]`."""
+        vocab, hidden = values.shape
+        groups, stored_rows = hidden // GROUP, -(-vocab // OUTPUTS) * OUTPUTS
+        grouped = torch.zeros(stored_rows, groups + groups % 2, GROUP, dtype=torch.int8)
+        grouped[:vocab, :groups] = values.view(vocab, groups, GROUP)
+        blocks = grouped.view(stored_rows // OUTPUTS, OUTPUTS, -1, 2 * GROUP).transpose(1, 2)  # [blocks, pairs, 4, 64]
+        stored = torch.zeros(stored_rows, -(-groups // LANES) * LANES, dtype=torch.float16)
+        stored[:vocab, :groups] = scales.half()
+        packed = blocks.reshape(stored_rows // OUTPUTS, -1).contiguous().view(torch.uint8)
+        return cls(packed, stored, vocab, hidden)
+
+    def values(self) -> torch.Tensor:
+        """The int8 values `[vocab, hidden]` (for tests and checks)."""
+        blocks = self.packed.view(torch.int8).view(self.packed.shape[0], -1, OUTPUTS, 2 * GROUP).transpose(1, 2)
+        return blocks.reshape(self.packed.shape[0] * OUTPUTS, -1)[: self.vocab, : self.hidden]
+
+    def group_scales(self) -> torch.Tensor:
+        """The float32 scales `[vocab, hidden / 32]`."""
+        return self.scales[: self.vocab, : self.hidden // GROUP].float()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[..., vocab]` of hidden states `[..., hidden]`."""
-        flat = hidden.float().reshape(-1, hidden.shape[-1]).contiguous()
-        out = kernels.load().q8_logits(flat, self.values, self.scales)
+        flat = hidden.float().reshape(-1, hidden.shape[-1])
+        out = kernels.load().q8_products(flat, self.packed, self.scales, self.vocab)
         return out.reshape(*hidden.shape[:-1], -1)
 
 

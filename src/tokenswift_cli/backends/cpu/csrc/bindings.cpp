@@ -6,7 +6,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
                          int64_t offset, int64_t committed, double scaling, int64_t block);
 at::Tensor q4_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& lows,
                        const std::optional<at::Tensor>& bias, int64_t n_out);
-at::Tensor q8_logits(const at::Tensor& hidden, const at::Tensor& values, const at::Tensor& scales);
+at::Tensor q8_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n_out);
 int64_t target_draw(const at::Tensor& row, const at::Tensor& out, const at::Tensor& context,
                     const at::Tensor& suppress, const std::vector<at::Tensor>& banned, const at::Tensor& dry_table,
                     int64_t dry_range, int64_t dry_allowed, int64_t window, double penalty, double temperature,
@@ -17,7 +17,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_attention", &row_attention, "attention of new tokens over a KV cache, row by row (float32)");
   m.def("q4_products", &q4_products, "4-bit weights times 8-bit activations, rows on their own (float32)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("q8_logits", &q8_logits, "logits of a head stored as int8 values and a scale per 32 (float32)");
+  m.def("q8_products", &q8_products, "8-bit weights times 8-bit activations, rows on their own (float32)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("target_draw", &target_draw, "the target's scores of one row of logits, and its argmax or draw (float32)");
   bind_decoder(m);
 }

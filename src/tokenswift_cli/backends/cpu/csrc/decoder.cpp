@@ -1,10 +1,10 @@
 // The decoder layers of a llama-family model with 4-bit weights, float32 activations, on a CPU, in one
 // call per forward (native_decoder.py). Each step is the operation the Python lean forward runs
-// (target.py: the model's RMSNorm, its 4-bit products, SiLU), on the same kernels (ATen's, and
-// q4_products.cpp for the products) in the same order, or, for the elementwise steps (the rotary embedding, the cache writes), the same roundings
-// written out (compiled with -ffp-contract=off: every product and sum rounded on its own, as ATen's
-// elementwise kernels do). So it gives the modules' bits and sheds only their per-operation Python
-// cost, which was a third of a plain step.
+// (target.py: the model's RMSNorm, its 4-bit products, SiLU), on the same kernels in the same order
+// (ATen's, and quantised_products.cpp's for the products), or, for the elementwise steps (the rotary
+// embedding, the cache writes), the same roundings written out (compiled with -ffp-contract=off: every
+// product and sum rounded on its own, as ATen's elementwise kernels do). So it gives the modules' bits
+// and sheds only their per-operation Python cost, which was a third of a plain step.
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 

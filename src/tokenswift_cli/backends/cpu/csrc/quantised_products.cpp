@@ -1,18 +1,19 @@
-// Products of 4-bit weights with 8-bit activations (int4.py's Int4Linear): llama.cpp's Q4_1 x Q8 scheme,
-// with integer dot products (AVX-512 VNNI `vpdpbusd`, or `vpmaddubsw` + `vpmaddwd` where a CPU lacks it).
-//
-// Weights: per output row and group of 32 inputs, w = m + d * q with q in 0..15 and float16 d and m (a
-// Q4_1 GGUF's own numbers). Activations: each row's group of 32 is quantised on its own to
-// x ~ dx * xq, xq in -127..127 (dx = max |x| / 127, xq = x * (1 / dx) rounded to nearest even). Then
-//   y = sum over groups of (d * dx) * (sum of q * xq) + sum over groups of m * (dx * sum of xq).
-// The integer sums are exact, so every instruction set gets the same integers; the float steps are
-// one order everywhere (compiled with -ffp-contract=off):
-// * 16 float lanes, by chunks of 16 groups: first the chunk's offsets, lane = group mod 16,
+// Products of quantised weights with 8-bit activations, as llama.cpp computes them: 4-bit weights
+// (int4.py's Int4Linear, Q4_1: w = m + d * q, q in 0..15) and 8-bit ones (q8_head.py's output head, Q8_0:
+// w = d * q, q in -127..127), float16 d and m per group of 32 inputs (the GGUF's own numbers), times
+// activations quantised per row and group of 32 to x ~ dx * xq, xq in -127..127 (dx = max |x| / 127,
+// xq = x * (1 / dx) rounded to nearest even). Integer dot products (AVX-512 VNNI `vpdpbusd`, or
+// `vpmaddubsw` + `vpmaddwd` where a CPU lacks it) sum q * xq exactly, so every instruction set gets the
+// same integers; the float steps are one order everywhere (compiled with -ffp-contract=off):
+//   y = sum over groups of (d * dx) * (sum of q * xq) [+ sum over groups of m * (dx * sum of xq)]
+// * 16 float lanes, by chunks of 16 groups: first (Q4 only) the chunk's offsets, lane = group mod 16,
 //   acc = fma(m, dx * float(sum of xq), acc); then each pair of groups (2p, 2p + 1) of the chunk, lanes
 //   0-7 and 8-15, lane l holding the sum of 4 consecutive products (bytes 4l..4l+3 of its group):
 //   acc = fma(float(sum), d * dx, acc);
 // * y = fold(acc) (simd::fold's tree), then + bias if any.
 // A row's result depends on that row alone (its own quantisation, the same steps whatever the batch).
+// Weights are stored by blocks of 4 rows, per pair of groups each row's bytes side by side: the 4 rows
+// computed together (4 independent chains of fmas for one input row) are read as one stream.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -32,7 +33,6 @@ using simd::v16;
 constexpr int64_t kGroup = 32;
 constexpr int64_t kRowTile = 4;  // input rows sharing each unpacked piece of a weight row
 constexpr int64_t kOutputs = 4;  // weight rows stored interleaved: pair p of rows 4b..4b+3 side by side
-constexpr int64_t kBlockBytes = kOutputs * kGroup;  // one pair of groups of 4 rows
 
 // One row's activations quantised per group of 32; `groups` padded with zero groups to `padded`.
 struct Quantised {
@@ -59,8 +59,8 @@ void quantise_row(const float* x, int64_t groups, Quantised& out) {
   }
 }
 
-// One pair of groups' 64 weight levels, unpacked from their 32 bytes (group 2p's in the low nibbles).
-struct Nibbles {
+// One pair of groups' 64 4-bit weight levels, unpacked from their 32 bytes (group 2p's in the low nibbles).
+struct Q4Pair {
 #if defined(__AVX512BW__)
   __m512i q;  // bytes 0-31: group 2p, 32-63: group 2p + 1
 #elif defined(SIMD_AVX2)
@@ -70,7 +70,7 @@ struct Nibbles {
 #endif
 };
 
-inline Nibbles unpack(const uint8_t* w) {
+inline Q4Pair unpack_q4(const uint8_t* w) {
 #if defined(__AVX512BW__)
   const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(packed), _mm256_srli_epi16(packed, 4), 1);
@@ -85,7 +85,7 @@ inline Nibbles unpack(const uint8_t* w) {
 
 // The 16 lanes of integer sums of one pair of groups, as floats (exact): lane l < 8 sums the products
 // of bytes 4l..4l+3 of group 2p, lane l >= 8 those of group 2p + 1.
-inline v16 pair_sums(const Nibbles& n, const int8_t* x) {
+inline v16 pair_sums(const Q4Pair& n, const int8_t* x) {
 #if defined(__AVX512BW__)
   const __m512i a = _mm512_loadu_si512(x);
 #if defined(__AVX512VNNI__)
@@ -114,6 +114,73 @@ inline v16 pair_sums(const Nibbles& n, const int8_t* x) {
 #endif
 }
 
+
+// One pair of groups' 64 8-bit weights (group 2p's 32 bytes, then group 2p + 1's): for the unsigned x
+// signed products, their magnitudes, and the activations take their signs.
+struct Q8Pair {
+#if defined(__AVX512BW__)
+  __m512i magnitude;
+  __mmask64 negative;
+#elif defined(SIMD_AVX2)
+  __m256i low, high;  // the signed values
+#else
+  const int8_t* w;
+#endif
+};
+
+inline Q8Pair unpack_q8(const uint8_t* w) {
+#if defined(__AVX512BW__)
+  const __m512i q = _mm512_loadu_si512(w);
+  return {_mm512_abs_epi8(q), _mm512_movepi8_mask(q)};
+#elif defined(SIMD_AVX2)
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kGroup))};
+#else
+  return {reinterpret_cast<const int8_t*>(w)};
+#endif
+}
+
+inline v16 pair_sums(const Q8Pair& n, const int8_t* x) {
+#if defined(__AVX512BW__)
+  const __m512i a = _mm512_loadu_si512(x);
+  const __m512i signed_a = _mm512_mask_sub_epi8(a, n.negative, _mm512_setzero_si512(), a);  // |q| * (+-x) = q * x
+#if defined(__AVX512VNNI__)
+  const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), n.magnitude, signed_a);
+#else
+  const __m512i sums = _mm512_madd_epi16(_mm512_maddubs_epi16(n.magnitude, signed_a), _mm512_set1_epi16(1));  // <= 2 x 128 x 127
+#endif
+  const __m512 f = _mm512_cvtepi32_ps(sums);
+  return reinterpret_cast<const v16&>(f);
+#elif defined(SIMD_AVX2)
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + kGroup));
+  const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(n.low), _mm256_sign_epi8(a, n.low)), ones);
+  const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(n.high), _mm256_sign_epi8(b, n.high)), ones);
+  return simd::join(_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
+#else
+  v16 out;
+  for (int64_t l = 0; l < kLanes; ++l) {
+    const int64_t offset = (l / 8) * kGroup + 4 * (l % 8);
+    int32_t sum = 0;
+    for (int64_t b = 0; b < 4; ++b) sum += n.w[offset + b] * x[offset + b];
+    out[l] = static_cast<float>(sum);
+  }
+  return out;
+#endif
+}
+
+// The two kinds of weights: bytes per row and pair of groups, whether groups have offsets, the unpacking.
+struct Q4 {
+  static constexpr int64_t kPairBytes = kGroup;
+  static constexpr bool kOffsets = true;
+  static Q4Pair unpack(const uint8_t* w) { return unpack_q4(w); }
+};
+struct Q8 {
+  static constexpr int64_t kPairBytes = 2 * kGroup;
+  static constexpr bool kOffsets = false;
+  static Q8Pair unpack(const uint8_t* w) { return unpack_q8(w); }
+};
+
 // 16 float16 values as floats (exact).
 inline v16 halves(const c10::Half* p) { return simd::load(p); }
 
@@ -139,7 +206,7 @@ inline v16 pair_scales(const v16& s, int64_t k) {
 // O weight rows times T input rows (O * T accumulators, independent chains of fmas, in registers).
 // Each (output, row) pair: per chunk of 16 groups, acc = fma(m, dx * sum xq, acc), then for each of
 // its 8 pairs of groups acc = fma(pair sums, d * dx, acc); the result is fold(acc).
-template <int64_t O, int64_t T>
+template <typename W, int64_t O, int64_t T>
 void output_block(const uint8_t* const* w, const c10::Half* const* d, const c10::Half* const* m,
                   const Quantised* const* xs, int64_t pairs, int64_t chunks, float* const* out) {
   v16 acc[O][T];
@@ -148,17 +215,19 @@ void output_block(const uint8_t* const* w, const c10::Half* const* d, const c10:
   for (int64_t c = 0; c < chunks; ++c) {
     v16 s[O][T];
     for (int64_t o = 0; o < O; ++o) {
-      const v16 dc = halves(d[o] + c * kLanes), mc = halves(m[o] + c * kLanes);
-      for (int64_t r = 0; r < T; ++r) {
-        s[o][r] = dc * simd::load(xs[r]->dx.data() + c * kLanes);
-        acc[o][r] = simd::fma(mc, simd::load(xs[r]->offset.data() + c * kLanes), acc[o][r]);
+      const v16 dc = halves(d[o] + c * kLanes);
+      for (int64_t r = 0; r < T; ++r) s[o][r] = dc * simd::load(xs[r]->dx.data() + c * kLanes);
+      if constexpr (W::kOffsets) {
+        const v16 mc = halves(m[o] + c * kLanes);
+        for (int64_t r = 0; r < T; ++r)
+          acc[o][r] = simd::fma(mc, simd::load(xs[r]->offset.data() + c * kLanes), acc[o][r]);
       }
     }
     const int64_t first = c * (kLanes / 2), count = std::min(pairs - first, kLanes / 2);
     for (int64_t k = 0; k < count; ++k) {
       const int64_t p = first + k;
       for (int64_t o = 0; o < O; ++o) {
-        const Nibbles n = unpack(w[o] + p * kBlockBytes);
+        const auto n = W::unpack(w[o] + p * kOutputs * W::kPairBytes);
         for (int64_t r = 0; r < T; ++r)
           acc[o][r] = simd::fma(pair_sums(n, xs[r]->q.data() + p * 2 * kGroup), pair_scales(s[o][r], k), acc[o][r]);
       }
@@ -168,7 +237,7 @@ void output_block(const uint8_t* const* w, const c10::Half* const* d, const c10:
     for (int64_t r = 0; r < T; ++r) out[o * T + r][0] = simd::fold(acc[o][r]);
 }
 
-template <int64_t O, int64_t T>
+template <typename W, int64_t O, int64_t T>
 void output_block_at(const uint8_t* packed, const c10::Half* scales, const c10::Half* lows, const Quantised* rows,
                      int64_t o0, int64_t r0, int64_t n_out, int64_t pairs, int64_t chunks, float* out, float* sink) {
   const uint8_t* w[O];
@@ -177,16 +246,17 @@ void output_block_at(const uint8_t* packed, const c10::Half* scales, const c10::
   float* ys[O * T];
   for (int64_t o = 0; o < O; ++o) {
     const int64_t row = o0 + o;
-    w[o] = packed + (row / kOutputs) * pairs * kBlockBytes + (row % kOutputs) * kGroup;
+    w[o] = packed + ((row / kOutputs) * pairs * kOutputs + row % kOutputs) * W::kPairBytes;
     d[o] = scales + row * chunks * kLanes;
     m[o] = lows + row * chunks * kLanes;
     for (int64_t r = 0; r < T; ++r) ys[o * T + r] = row < n_out ? out + (r0 + r) * n_out + row : sink + r;
   }
   for (int64_t r = 0; r < T; ++r) xs[r] = rows + r0 + r;
-  output_block<O, T>(w, d, m, xs, pairs, chunks, ys);
+  output_block<W, O, T>(w, d, m, xs, pairs, chunks, ys);
 }
 
 // Outputs [begin, end) (rows of the padded weights) for every input row.
+template <typename W>
 void output_rows(const uint8_t* packed, const c10::Half* scales, const c10::Half* lows, const std::vector<Quantised>& rows,
                  float* out, int64_t n_out, int64_t padded, int64_t begin, int64_t end) {
   const int64_t pairs = padded / 2, chunks = (padded + kLanes - 1) / kLanes, count = static_cast<int64_t>(rows.size());
@@ -196,39 +266,36 @@ void output_rows(const uint8_t* packed, const c10::Half* scales, const c10::Half
     const int64_t tile = std::min(kRowTile, count - r0);
     for (int64_t o = begin; o < end; o += kOutputs) {
       if (tile == 1) {  // a plain step: 4 outputs at a time, so 4 chains of fmas overlap
-        output_block_at<4, 1>(packed, scales, lows, x, o, r0, n_out, pairs, chunks, out, sink);
+        output_block_at<W, 4, 1>(packed, scales, lows, x, o, r0, n_out, pairs, chunks, out, sink);
       } else if (tile == 2) {
         for (int64_t i = 0; i < kOutputs; i += 2)
-          output_block_at<2, 2>(packed, scales, lows, x, o + i, r0, n_out, pairs, chunks, out, sink);
+          output_block_at<W, 2, 2>(packed, scales, lows, x, o + i, r0, n_out, pairs, chunks, out, sink);
       } else {
         for (int64_t i = 0; i < kOutputs; ++i) {
           if (tile == 3)
-            output_block_at<1, 3>(packed, scales, lows, x, o + i, r0, n_out, pairs, chunks, out, sink);
+            output_block_at<W, 1, 3>(packed, scales, lows, x, o + i, r0, n_out, pairs, chunks, out, sink);
           else
-            output_block_at<1, 4>(packed, scales, lows, x, o + i, r0, n_out, pairs, chunks, out, sink);
+            output_block_at<W, 1, 4>(packed, scales, lows, x, o + i, r0, n_out, pairs, chunks, out, sink);
         }
       }
     }
   }
 }
 
-}  // namespace
-
-// x: [R, K] float32; packed: [N4 / 4, pairs * 128] uint8 for N4 = N rounded up to 4: per block of 4 rows,
-// per pair p of groups, each row's 32 bytes (byte j: group 2p's q_j | group 2p+1's q_j << 4);
-// scales, lows: [N4, G16] float16 (d and m per group, zero past the K / 32 groups and N rows, G16 a
-// multiple of 16); bias: [N] float32 or none -> [R, N] float32.
-at::Tensor q4_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& lows,
-                       const std::optional<at::Tensor>& bias, int64_t n_out) {
+// The products of x [R, K] float32 with N rows of weights of kind W -> [R, N] float32 (+ bias).
+template <typename W>
+at::Tensor products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor* lows,
+                    const std::optional<at::Tensor>& bias, int64_t n_out) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.scalar_type() == at::kByte);
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && lows.scalar_type() == at::kHalf);
-  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous() && lows.is_contiguous());
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && packed.is_contiguous() && scales.is_contiguous());
+  TORCH_CHECK(!lows || (lows->scalar_type() == at::kHalf && lows->is_contiguous() && lows->sizes() == scales.sizes()));
   const at::Tensor input = x.contiguous();
   const int64_t rows = input.size(0), size = input.size(1), groups = size / kGroup;
   const int64_t padded = (groups + 1) / 2 * 2, stored = scales.size(1), n_padded = packed.size(0) * kOutputs;
-  TORCH_CHECK(size % kGroup == 0 && packed.size(1) == padded / 2 * kBlockBytes, "packed weights of another width");
+  TORCH_CHECK(size % kGroup == 0 && packed.size(1) == padded / 2 * kOutputs * W::kPairBytes,
+              "packed weights of another width");
   TORCH_CHECK(n_out <= n_padded && n_padded - n_out < kOutputs && scales.size(0) == n_padded);
-  TORCH_CHECK(stored % kLanes == 0 && stored >= padded && lows.sizes() == scales.sizes());
+  TORCH_CHECK(stored % kLanes == 0 && stored >= padded);
   const bool biased = bias.has_value() && bias->defined();
   if (biased) TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == n_out);
   std::vector<Quantised> quantised(rows);
@@ -241,9 +308,27 @@ at::Tensor q4_products(const at::Tensor& x, const at::Tensor& packed, const at::
     quantise_row(in + r * size, groups, q);
   }
   at::Tensor out = at::empty({rows, n_out}, input.options());
+  const c10::Half* m = lows ? lows->data_ptr<c10::Half>() : nullptr;
   at::parallel_for(0, n_padded / kOutputs, 16, [&](int64_t begin, int64_t end) {
-    output_rows(packed.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), lows.data_ptr<c10::Half>(), quantised,
-                out.data_ptr<float>(), n_out, padded, begin * kOutputs, end * kOutputs);
+    output_rows<W>(packed.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), m, quantised, out.data_ptr<float>(), n_out,
+                   padded, begin * kOutputs, end * kOutputs);
   });
   return biased ? out + bias->view({1, n_out}) : out;
+}
+
+}  // namespace
+
+// 4-bit weights. x: [R, K] float32; packed: [N4 / 4, pairs * 4 * 32] uint8 for N4 = N rounded up to 4: per
+// block of 4 rows, per pair p of groups, each row's 32 bytes (byte j: group 2p's q_j | group 2p+1's q_j << 4);
+// scales, lows: [N4, G16] float16 (d and m per group, zero past the K / 32 groups and N rows, G16 a multiple
+// of 16); bias: [N] float32 or none -> [R, N] float32.
+at::Tensor q4_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& lows,
+                       const std::optional<at::Tensor>& bias, int64_t n_out) {
+  return products<Q4>(x, packed, scales, &lows, bias, n_out);
+}
+
+// 8-bit weights (Q8_0), as q4_products without offsets: packed [N4 / 4, pairs * 4 * 64] int8 bytes, per block
+// of 4 rows, per pair p of groups, each row's 64 values (group 2p's 32, then group 2p + 1's).
+at::Tensor q8_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n_out) {
+  return products<Q8>(x, packed, scales, nullptr, std::nullopt, n_out);
 }
