@@ -543,11 +543,11 @@ def test_a_run_records_its_4bit_arithmetic_and_says_when_it_resumes_under_anothe
     (folder / "settings.json").write_text(json.dumps(settings))
     resumed = cli("resume", folder.name, "--tokens", 40)
     assert resumed.exit_code == 0
-    assert f"computed as {int4.EARLIER}, resumes with {int4.ARITHMETIC}" in resumed.stderr
+    assert f"computed from {int4.EARLIER}, resumes with {int4.ARITHMETIC}" in resumed.stderr
     settings["model"]["arithmetic"] = int4.ARITHMETIC
     (folder / "settings.json").write_text(json.dumps(settings))
     again = cli("resume", folder.name, "--tokens", 60)  # the arithmetic it records: nothing to say
-    assert again.exit_code == 0 and "computed as" not in again.stderr
+    assert again.exit_code == 0 and "computed from" not in again.stderr
 
 
 def test_resume_refuses_a_corrupted_checkpoint(tiny_folder: Path, prefix_file: Path) -> None:

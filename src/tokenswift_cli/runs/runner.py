@@ -235,14 +235,15 @@ def _check_device_here(run_dir: Path, settings: dict[str, Any]) -> None:
 
 
 def _note_other_arithmetic(run_dir: Path, settings: dict[str, Any], loaded: RunModel, renderer: Renderer) -> None:
-    """A run whose 4-bit products were computed otherwise (until 2026-11-27: no record) goes on, and says so."""
+    """A run whose quantised products were computed otherwise (until 2026-11-27: no record) goes on, and says so."""
     model = settings["model"]
     recorded = model.get("arithmetic", int4.EARLIER if model["spec"].get("weights") == "int4" else None)
     here = loaded.settings.get("arithmetic")
     if recorded != here:
         renderer.note(
-            f"{run_dir.name} was written with 4-bit products computed as {recorded or 'dense'}, resumes with "
-            f"{here or 'dense'}: the text stays the model's, but may part from what the first would have written"
+            f"{run_dir.name} was written with the 4-bit model's products computed from {recorded or 'dense weights'}, "
+            f"resumes with {here or 'dense weights'}: the text stays the model's, but may part from what the first "
+            "would have written"
         )
 
 

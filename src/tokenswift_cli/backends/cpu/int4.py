@@ -29,9 +29,9 @@ from tokenswift_cli.backends.cpu import kernels
 GROUP = 32
 LANES = 16  # scales and offsets are stored padded to a multiple of this many groups
 OUTPUTS = 4  # weight rows stored interleaved, read together
-ARITHMETIC = "4-bit x 8-bit integers"
+ARITHMETIC = "8-bit activations, integer products"  # the 4-bit layers and the Q8_0 head (q8_head.py)
 # What runs written until 2026-11-27 (which record none) used: torch's `_weight_int4pack_mm_for_cpu`.
-EARLIER = "4-bit x bfloat16"
+EARLIER = "bfloat16 activations (float32 at the head)"
 
 
 def supported(device: torch.device) -> bool:
