@@ -208,3 +208,16 @@ def test_fused_projections_give_the_bits_of_the_separate_ones(family: str) -> No
             if hasattr(module, name):
                 delattr(module, name)
     assert torch.equal(fused_logits, logits())
+
+
+def test_without_the_kernels_the_model_stays_dense_and_int4_says_why(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from cli_helpers import build_tiny_folder
+
+    from tokenswift_cli.model.loading import ModelLoadError
+
+    folder = build_tiny_folder(tmp_path / "tiny")
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    auto = load_model(ModelSpec(name=str(folder), weights="auto"))
+    assert auto.spec is not None and auto.spec.weights == "dense"
+    with pytest.raises(ModelLoadError, match="need the C\\+\\+ kernels"):
+        load_model(ModelSpec(name=str(folder), weights="int4"))

@@ -124,8 +124,10 @@ def _apply_weights(model: PreTrainedModel, spec: ModelSpec) -> Weights:
     device = next(model.parameters()).device
     if spec.weights == "dense" or (spec.weights == "auto" and not (int4.supported(device) and int4.is_q4(model))):
         return "dense"
-    if not int4.supported(device):
+    if device.type != "cpu":
         raise ModelLoadError(f"int4 weights run on CPUs only (the model is on {device})")
+    if not int4.supported(device):
+        raise ModelLoadError("int4 weights need the C++ kernels, which did not build here (see the warning above)")
     mapped = memory.mapped_file_ranges()
     done = int4.quantize_decoder(model, discard=lambda weight: memory.drop_pages(weight, mapped))
     _own_weights(model, mapped)
