@@ -62,32 +62,47 @@ def is_q4(model: torch.nn.Module) -> bool:
     return bool(linears) and all(m.in_features % GROUP == 0 and _groups_of_q4(m.weight.detach())[3] for m in linears)
 
 
-def pack(q: torch.Tensor) -> torch.Tensor:
-    """Levels [out, in] (0..15) -> bytes [blocks of 4 rows, pairs * 4 * 32], as quantised_products.cpp reads them.
-
-    Per block of `OUTPUTS` rows (zero rows pad the last), per pair p of groups, each row's 32 bytes: byte
-    j is group 2p's q_j | group 2p+1's q_j << 4. A block's rows are read together, from one stream.
-    """
-    out_features, in_features = q.shape
+def grouped(values: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> [out rounded up to OUTPUTS, an even number of groups, GROUP], zeros after: the padding
+    quantised_products.cpp reads (rows in blocks of OUTPUTS, groups by pairs)."""
+    out_features, in_features = values.shape
     groups, rows = in_features // GROUP, -(-out_features // OUTPUTS) * OUTPUTS
-    grouped = torch.zeros(rows, groups + groups % 2, GROUP, dtype=torch.uint8)
-    grouped[:out_features, :groups] = q.to(torch.uint8).view(out_features, groups, GROUP)
-    pairs = grouped.view(rows, -1, 2, GROUP)
-    nibbles = pairs[:, :, 0] | (pairs[:, :, 1] << 4)  # [rows, pairs, 32]
-    blocks = nibbles.view(rows // OUTPUTS, OUTPUTS, -1, GROUP).transpose(1, 2)  # [blocks, pairs, 4, 32]
-    return blocks.reshape(rows // OUTPUTS, -1).contiguous()
+    out = values.new_zeros(rows, groups + groups % 2, GROUP)
+    out[:out_features, :groups] = values.view(out_features, groups, GROUP)
+    return out
+
+
+def interleave(pairs: torch.Tensor) -> torch.Tensor:
+    """Per row and pair of groups, its bytes [rows, pairs, pair bytes] (rows a multiple of OUTPUTS) -> the
+    stored layout [rows / OUTPUTS, pairs * OUTPUTS * pair bytes]: per block of rows, per pair, each row's
+    bytes side by side, so that a block's rows are read together, from one stream."""
+    rows, _, width = pairs.shape
+    blocks = pairs.view(rows // OUTPUTS, OUTPUTS, -1, width).transpose(1, 2)  # [blocks, pairs, OUTPUTS, width]
+    return blocks.reshape(rows // OUTPUTS, -1).contiguous().view(torch.uint8)
+
+
+def deinterleave(packed: torch.Tensor, width: int) -> torch.Tensor:
+    """`interleave`'s inverse: [rows (padded), pairs, width] bytes."""
+    blocks = packed.view(packed.shape[0], -1, OUTPUTS, width).transpose(1, 2)  # [blocks, OUTPUTS, pairs, width]
+    return blocks.reshape(packed.shape[0] * OUTPUTS, -1, width)
+
+
+def pack(q: torch.Tensor) -> torch.Tensor:
+    """Levels [out, in] (0..15) -> the stored bytes (`interleave`): per pair p of groups a row's 32 bytes,
+    byte j being group 2p's q_j | group 2p+1's q_j << 4."""
+    pairs = grouped(q.to(torch.uint8)).view(-1, (q.shape[1] // GROUP + 1) // 2, 2, GROUP)
+    return interleave(pairs[:, :, 0] | (pairs[:, :, 1] << 4))
 
 
 def unpack(packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """`pack`'s inverse: levels [out, in] as int32."""
     out_features, in_features = shape
-    blocks = packed.view(packed.shape[0], -1, OUTPUTS, GROUP).transpose(1, 2)  # [blocks, 4, pairs, 32]
-    nibbles = blocks.reshape(packed.shape[0] * OUTPUTS, -1, GROUP)
+    nibbles = deinterleave(packed, GROUP)
     both = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=2).reshape(nibbles.shape[0], -1)
     return both[:out_features, :in_features].to(torch.int32)
 
 
-def _padded(values: torch.Tensor) -> torch.Tensor:
+def padded_scales(values: torch.Tensor) -> torch.Tensor:
     """[out, groups] -> float16 [out rounded up to OUTPUTS, groups rounded up to LANES], zeros after."""
     out_features, groups = values.shape
     rows, columns = -(-out_features // OUTPUTS) * OUTPUTS, -(-groups // LANES) * LANES
@@ -116,7 +131,7 @@ class Int4Linear(torch.nn.Module):
         """The 4-bit layer, and whether it holds the original weights exactly."""
         q, scale, low, exact = _groups_of_q4(linear.weight.detach())
         bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-        layer = cls(pack(q), _padded(scale), _padded(low), bias, (linear.out_features, linear.in_features))
+        layer = cls(pack(q), padded_scales(scale), padded_scales(low), bias, (linear.out_features, linear.in_features))
         return layer, exact
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,11 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenswift_cli.backends.cpu import kernels
-
-GROUP = 32
-
-
-OUTPUTS, LANES = 4, 16  # rows stored side by side, scales padded to a multiple of 16 groups
+from tokenswift_cli.backends.cpu.int4 import GROUP, deinterleave, grouped, interleave, padded_scales
 
 
 @dataclass(frozen=True)
@@ -49,19 +45,13 @@ class Q8Head:
     def from_values(cls, values: torch.Tensor, scales: torch.Tensor) -> Q8Head:
         """From int8 values `[vocab, hidden]` and their float16-exact scales `[vocab, hidden / 32]`."""
         vocab, hidden = values.shape
-        groups, stored_rows = hidden // GROUP, -(-vocab // OUTPUTS) * OUTPUTS
-        grouped = torch.zeros(stored_rows, groups + groups % 2, GROUP, dtype=torch.int8)
-        grouped[:vocab, :groups] = values.view(vocab, groups, GROUP)
-        blocks = grouped.view(stored_rows // OUTPUTS, OUTPUTS, -1, 2 * GROUP).transpose(1, 2)  # [blocks, pairs, 4, 64]
-        stored = torch.zeros(stored_rows, -(-groups // LANES) * LANES, dtype=torch.float16)
-        stored[:vocab, :groups] = scales.half()
-        packed = blocks.reshape(stored_rows // OUTPUTS, -1).contiguous().view(torch.uint8)
-        return cls(packed, stored, vocab, hidden)
+        pairs = grouped(values).view(-1, (hidden // GROUP + 1) // 2, 2 * GROUP)  # a row's pair: 64 values
+        return cls(interleave(pairs), padded_scales(scales), vocab, hidden)
 
     def values(self) -> torch.Tensor:
         """The int8 values `[vocab, hidden]` (for tests and checks)."""
-        blocks = self.packed.view(torch.int8).view(self.packed.shape[0], -1, OUTPUTS, 2 * GROUP).transpose(1, 2)
-        return blocks.reshape(self.packed.shape[0] * OUTPUTS, -1)[: self.vocab, : self.hidden]
+        rows = deinterleave(self.packed, 2 * GROUP).view(torch.int8)
+        return rows.reshape(rows.shape[0], -1)[: self.vocab, : self.hidden]
 
     def group_scales(self) -> torch.Tensor:
         """The float32 scales `[vocab, hidden / 32]`."""

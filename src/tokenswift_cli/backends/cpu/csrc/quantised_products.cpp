@@ -59,6 +59,26 @@ void quantise_row(const float* x, int64_t groups, Quantised& out) {
   }
 }
 
+// The integer sums of 4 consecutive unsigned x signed byte products, per 32-bit lane, as floats (exact).
+#if defined(__AVX512BW__)
+inline v16 dot_sums(__m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+  const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+  const __m512i sums = _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));  // |u| <= 128: no saturation
+#endif
+  const __m512 f = _mm512_cvtepi32_ps(sums);
+  return reinterpret_cast<const v16&>(f);
+}
+#elif defined(SIMD_AVX2)
+inline v16 dot_sums(__m256i u_lo, __m256i s_lo, __m256i u_hi, __m256i s_hi) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(u_lo, s_lo), ones);
+  const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(u_hi, s_hi), ones);
+  return simd::join(_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
+}
+#endif
+
 // One pair of groups' 64 4-bit weight levels, unpacked from their 32 bytes (group 2p's in the low nibbles).
 struct Q4Pair {
 #if defined(__AVX512BW__)
@@ -87,21 +107,11 @@ inline Q4Pair unpack_q4(const uint8_t* w) {
 // of bytes 4l..4l+3 of group 2p, lane l >= 8 those of group 2p + 1.
 inline v16 pair_sums(const Q4Pair& n, const int8_t* x) {
 #if defined(__AVX512BW__)
-  const __m512i a = _mm512_loadu_si512(x);
-#if defined(__AVX512VNNI__)
-  const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), n.q, a);
-#else
-  const __m512i sums = _mm512_madd_epi16(_mm512_maddubs_epi16(n.q, a), _mm512_set1_epi16(1));  // no saturation: 2 x 15 x 127
-#endif
-  const __m512 f = _mm512_cvtepi32_ps(sums);
-  return reinterpret_cast<const v16&>(f);
+  return dot_sums(n.q, _mm512_loadu_si512(x));
 #elif defined(SIMD_AVX2)
-  const __m256i ones = _mm256_set1_epi16(1);
   const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + kGroup));
-  const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(n.low, a), ones);
-  const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(n.high, b), ones);
-  return simd::join(_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
+  return dot_sums(n.low, a, n.high, b);
 #else
   v16 out;
   for (int64_t l = 0; l < kLanes; ++l) {
@@ -142,21 +152,11 @@ inline Q8Pair unpack_q8(const uint8_t* w) {
 inline v16 pair_sums(const Q8Pair& n, const int8_t* x) {
 #if defined(__AVX512BW__)
   const __m512i a = _mm512_loadu_si512(x);
-  const __m512i signed_a = _mm512_mask_sub_epi8(a, n.negative, _mm512_setzero_si512(), a);  // |q| * (+-x) = q * x
-#if defined(__AVX512VNNI__)
-  const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), n.magnitude, signed_a);
-#else
-  const __m512i sums = _mm512_madd_epi16(_mm512_maddubs_epi16(n.magnitude, signed_a), _mm512_set1_epi16(1));  // <= 2 x 128 x 127
-#endif
-  const __m512 f = _mm512_cvtepi32_ps(sums);
-  return reinterpret_cast<const v16&>(f);
+  return dot_sums(n.magnitude, _mm512_mask_sub_epi8(a, n.negative, _mm512_setzero_si512(), a));  // |q| * (+-x) = q * x
 #elif defined(SIMD_AVX2)
-  const __m256i ones = _mm256_set1_epi16(1);
   const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + kGroup));
-  const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(n.low), _mm256_sign_epi8(a, n.low)), ones);
-  const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(n.high), _mm256_sign_epi8(b, n.high)), ones);
-  return simd::join(_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
+  return dot_sums(_mm256_abs_epi8(n.low), _mm256_sign_epi8(a, n.low), _mm256_abs_epi8(n.high), _mm256_sign_epi8(b, n.high));
 #else
   v16 out;
   for (int64_t l = 0; l < kLanes; ++l) {
@@ -180,9 +180,6 @@ struct Q8 {
   static constexpr bool kOffsets = false;
   static Q8Pair unpack(const uint8_t* w) { return unpack_q8(w); }
 };
-
-// 16 float16 values as floats (exact).
-inline v16 halves(const c10::Half* p) { return simd::load(p); }
 
 // Lane l of the result: s[2k] for l < 8, s[2k + 1] for l >= 8 (the pair k of 16 groups' scales).
 inline v16 pair_scales(const v16& s, int64_t k) {
@@ -215,10 +212,10 @@ void output_block(const uint8_t* const* w, const c10::Half* const* d, const c10:
   for (int64_t c = 0; c < chunks; ++c) {
     v16 s[O][T];
     for (int64_t o = 0; o < O; ++o) {
-      const v16 dc = halves(d[o] + c * kLanes);
+      const v16 dc = simd::load(d[o] + c * kLanes);
       for (int64_t r = 0; r < T; ++r) s[o][r] = dc * simd::load(xs[r]->dx.data() + c * kLanes);
       if constexpr (W::kOffsets) {
-        const v16 mc = halves(m[o] + c * kLanes);
+        const v16 mc = simd::load(m[o] + c * kLanes);
         for (int64_t r = 0; r < T; ++r)
           acc[o][r] = simd::fma(mc, simd::load(xs[r]->offset.data() + c * kLanes), acc[o][r]);
       }
