@@ -50,14 +50,14 @@ def products(build: Any, weights: Int4Linear | Q8Head, x: torch.Tensor) -> torch
 
 def main() -> None:
     torch.set_num_threads(1)
-    source = ROOT / "src/tokenswift_cli/backends/cpu/csrc/quantised_products.cpp"
+    csrc = ROOT / "src/tokenswift_cli/backends/cpu/csrc"
     with tempfile.TemporaryDirectory() as folder:
         binding = Path(folder) / "binding.cpp"
         binding.write_text(BINDING)
         builds = {
             arch: cpp_extension.load(
                 name=f"q4_isa_{arch.replace('-', '_')}",
-                sources=[str(source), str(binding)],
+                sources=[str(csrc / "quantised_products.cpp"), str(csrc / "parallel.cpp"), str(binding)],
                 extra_cflags=["-O3", f"-march={arch}", "-ffp-contract=off"],
                 build_directory=folder,
             )  # fmt: skip

@@ -11,6 +11,7 @@ int64_t target_draw(const at::Tensor& row, const at::Tensor& out, const at::Tens
                     const at::Tensor& suppress, const std::vector<at::Tensor>& banned, const at::Tensor& dry_table,
                     int64_t dry_range, int64_t dry_allowed, int64_t window, double penalty, double temperature,
                     int64_t top_k, double min_p, int64_t mode, double u, int64_t searched);
+at::Tensor split_counts(int64_t size, int64_t grain, int64_t fail_at);
 void bind_decoder(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -20,5 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_products", &q8_products, "8-bit weights times 8-bit activations, rows on their own (float32)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("target_draw", &target_draw, "the target's scores of one row of logits, and its argmax or draw (float32)");
+  m.def("split_counts", &split_counts, "for the tests: the visits of each index by parallel.h's split",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   bind_decoder(m);
 }

@@ -15,8 +15,8 @@
 // Weights are stored by blocks of 4 rows, per pair of groups each row's bytes side by side: the 4 rows
 // computed together (4 independent chains of fmas for one input row) are read as one stream.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
+#include "parallel.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -306,7 +306,7 @@ at::Tensor products(const at::Tensor& x, const at::Tensor& packed, const at::Ten
   }
   at::Tensor out = at::empty({rows, n_out}, input.options());
   const c10::Half* m = lows ? lows->data_ptr<c10::Half>() : nullptr;
-  at::parallel_for(0, n_padded / kOutputs, 16, [&](int64_t begin, int64_t end) {
+  parallel::split(0, n_padded / kOutputs, 16, [&](int64_t begin, int64_t end) {
     output_rows<W>(packed.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), m, quantised, out.data_ptr<float>(), n_out,
                    padded, begin * kOutputs, end * kOutputs);
   });

@@ -17,8 +17,8 @@
 // The cache may store float16: each key and value is widened to float32 (exactly) before any
 // arithmetic, where it is read or once into a scratch copy; same bits.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
+#include "parallel.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -470,7 +470,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
   float* block_sum = scratch(sums, at.kv * nb * width);
   float* block_acc = scratch(accs, at.kv * nb * width * dim);
   const bool transposed = width >= kTransposeWidth;
-  at::parallel_for(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
+  parallel::split(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
     static thread_local std::vector<float> scores_buffer, keys_buffer, values_buffer;
     static thread_local Held<T> held;
     static thread_local Held<float> wide_held;
@@ -606,7 +606,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
   at::Tensor result = at::empty({rows, at.heads, dim}, q.options());
   float* out = result.data_ptr<float>();
   const int64_t padded = (nb + kLanes - 1) / kLanes * kLanes;
-  at::parallel_for(0, at.kv * width, 1, [&](int64_t begin, int64_t end) {
+  parallel::split(0, at.kv * width, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> total(dim);
     std::vector<float> tops_of(padded, kNegInf), factors(padded);
     for (int64_t index = begin; index < end; ++index) {
