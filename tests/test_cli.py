@@ -310,6 +310,16 @@ def test_a_group_alone_prints_its_help_and_no_error(args: list[str]) -> None:
     assert "error" not in result.stderr
 
 
+def test_a_run_times_its_own_costs_beside_the_engines(tiny_folder: Path, prefix_file: Path) -> None:
+    """Checkpoints, the output stream and the panel are phases of the run's statistics (issue 41: a
+    100K run's other costs are measured, not guessed)."""
+    result = cli("write", "-p", prefix_file, "-n", 30, "-m", tiny_folder, "--checkpoint-every", 10, "-q")
+    assert result.exit_code == 0, result.stderr
+    seconds = json.loads((run_dir() / "checkpoint" / "manifest.json").read_text())["state"]["stats"]["seconds"]
+    assert {"checkpoint", "output", "panel", "verify"} <= set(seconds)
+    assert seconds["checkpoint"] > 0 and seconds["output"] > 0 and seconds["panel"] > 0
+
+
 def test_write_help_shows_the_defaults_it_will_use() -> None:
     shown = _prose(cli("write", "--help").stdout)
     embedded, paper = defaults.EMBEDDED, defaults.PAPER

@@ -188,8 +188,9 @@ class Session:
         )
 
     def checkpoint(self) -> None:
-        self.sink.sync()  # the text the manifest counts must be on disk before it
-        self.checkpointer.save(self.state, stream=self.stream.state, text_bytes=self.sink.bytes)
+        with self.state.stats.phase("checkpoint"):  # the run's own costs are timed beside the engine's
+            self.sink.sync()  # the text the manifest counts must be on disk before it
+            self.checkpointer.save(self.state, stream=self.stream.state, text_bytes=self.sink.bytes)
         self.renderer.checkpointed(self.state.stats.generated)
 
     def drive(self, stop: StopSignals) -> int:
@@ -201,8 +202,10 @@ class Session:
             if stop.signum is None and not self.state.finished(self.cfg):
                 events = generate(self.target, self.heads, self.state, self.cfg, eos_ids=self.eos_ids)
                 for event in events:
-                    self.emit(event.tokens)
-                    self.renderer.update(self.progress())
+                    with self.state.stats.phase("output"):
+                        self.emit(event.tokens)
+                    with self.state.stats.phase("panel"):
+                        self.renderer.update(self.progress())
                     if stop.signum is not None or self.sink.broken:
                         break
                     if self.state.stats.generated - last >= self.every:
