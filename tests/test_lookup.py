@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from helpers import first_divergence, random_prompt, tiny_target
 
@@ -50,6 +52,36 @@ def test_the_mirror_follows_a_growing_text() -> None:
     assert lookup.match(tokens, root=9).draft(1) == ()
     tokens += [9, 2] * 700  # grows past the mirror's first allocation
     assert lookup.match(tokens, root=9).draft(3) == (2, 9, 2)
+
+
+def _latest_longest(tokens: list[int], root: int, max_match: int, candidates: int) -> tuple[int, int] | None:
+    """(length, end) of the match `TextLookup` documents, by brute force: among the latest `candidates`
+    earlier ends of the last 3 tokens, the longest run of tokens before them equal to the text's, then the latest."""
+    text = [*tokens, root]
+    n = len(tokens)
+    ends = [i for i in range(2, n) if text[i - 2 : i + 1] == text[n - 2 : n + 1]][-candidates:]
+    best = None
+    for end in ends:
+        length = 0
+        longest = min(max_match, n - 1, end)
+        while length < longest and text[end - 1 - length] == text[n - 1 - length]:
+            length += 1
+        if length >= TextLookup.KEY - 1 and (best is None or (length, end) >= best):
+            best = (length, end)
+    return best
+
+
+def test_matches_equal_a_brute_force_search_as_the_text_grows() -> None:
+    rng = random.Random(5)
+    lookup, tokens = TextLookup(max_match=8), []
+    for _ in range(600):  # a few words and their repeats: many matches, ties and loops
+        tokens += rng.choice([[rng.randrange(6)], rng.choice([[1, 2, 3], [4, 1, 2, 3, 5], [2, 2, 2]])])
+        root = rng.randrange(6)
+        match, expected = lookup.match(tokens, root), _latest_longest(tokens, root, 8, TextLookup.CANDIDATES)
+        if expected is None:
+            assert match.period == 0
+        else:
+            assert (match.length, match.period) == (expected[0], len(tokens) - expected[1])
 
 
 SAMPLED = SamplingConfig(temperature=1.0, seed=3)

@@ -7,8 +7,9 @@ followed that occurrence (prompt lookup decoding; llama.cpp's lookup decoding). 
 `period` positions back predicts each token as the one `period` positions before it, drafted ones
 included, so a loop shorter than the draft is followed round as often as the draft is long.
 
-Nothing here is saved: the lookup reads the committed tokens, mirrored in a growing tensor so that
-one vectorised comparison finds every earlier occurrence.
+Nothing here is saved: the lookup reads the committed tokens, mirrored in a growing tensor, and an
+index from each 3 tokens to where they ended (a comparison over the whole text at every iteration
+took ~0.5 ms a step at 100K tokens, 3% of a long run).
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ NO_MATCH = Match(follow=(), length=0, period=0)
 class TextLookup:
     """Finds where the text's last tokens occurred before, in the committed tokens (append-only).
 
-    Each position keeps the key of the 3 tokens ending there, so that one comparison over the text
-    finds the earlier occurrences of its last 3 tokens (the root included); the longest match among
-    the latest `CANDIDATES` of them wins. Shorter repeats draft nothing: they predict prose badly.
+    Each 3 tokens' key indexes the positions where they end, so the earlier occurrences of the text's
+    last 3 tokens (the root included) are one lookup; the longest match among the latest `CANDIDATES`
+    of them wins. Shorter repeats draft nothing: they predict prose badly.
     """
 
     KEY = 3  # tokens a match needs at least
@@ -60,25 +61,22 @@ class TextLookup:
     def __init__(self, max_match: int = 16, max_draft: int = 64) -> None:
         self.max_match, self.max_draft = max_match, max_draft
         self._text = torch.empty(0, dtype=torch.long)
-        self._keys = torch.empty(0, dtype=torch.long)  # [i]: the 3 tokens ending at i, or -1
+        self._ends: dict[int, list[int]] = {}  # the 3 tokens' key -> the positions they end at, in order
         self._length = 0
         self._last: tuple[tuple[int, int], Match] | None = None  # the latest answer, by (text length, root)
 
-    def _sync(self, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The committed tokens and their keys as tensors; the mirrors grow geometrically."""
+    def _sync(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The committed tokens as a tensor (the mirror grows geometrically), their keys indexed."""
         n, old = len(tokens), self._length
         if n > self._text.shape[0]:
             size = max(n, 2 * self._text.shape[0], 1024)
             self._text = torch.cat([self._text[:old], torch.empty(size - old, dtype=torch.long)])
-            self._keys = torch.cat([self._keys[:old], torch.empty(size - old, dtype=torch.long)])
         if n > old:
             self._text[old:n] = torch.tensor(tokens[old:n], dtype=torch.long)
-            first = max(old, self.KEY - 1)
-            self._keys[old:first] = -1
-            if n > first:
-                self._keys[first:n] = _key(*(self._text[first - k : n - k] for k in (2, 1, 0)))
+            for i in range(max(old, self.KEY - 1), n):
+                self._ends.setdefault(_key(tokens[i - 2], tokens[i - 1], tokens[i]), []).append(i)
             self._length = n
-        return self._text[:n], self._keys[:n]
+        return self._text[:n]
 
     def match(self, tokens: Sequence[int], root: int) -> Match:
         """The latest longest earlier match (3 to max_match + 1 tokens) of the text `tokens` + `root`.
@@ -91,12 +89,12 @@ class TextLookup:
         return self._last[1]
 
     def _find(self, tokens: Sequence[int], root: int) -> Match:
-        text, keys = self._sync(tokens)  # [n], [n]
+        text = self._sync(tokens)  # [n]
         n = text.shape[0]
         if n < self.KEY:
             return NO_MATCH
-        wanted = _key(text[n - 2], text[n - 1], torch.tensor(root))
-        ends = torch.nonzero(keys == wanted).flatten()[-self.CANDIDATES :]  # [m]: where the root occurred
+        occurred = self._ends.get(_key(tokens[n - 2], tokens[n - 1], root), [])
+        ends = torch.tensor(occurred[-self.CANDIDATES :], dtype=torch.long)  # [m]: where the root occurred
         back = torch.arange(1, min(self.max_match, n - 1) + 1, dtype=torch.long)  # [k]: distances before it
         earlier = ends[:, None] - back[None]  # [m, k]
         same = (earlier >= 0) & (text[earlier.clamp(min=0)] == text[n - back][None])  # [m, k]
@@ -109,6 +107,6 @@ class TextLookup:
         return Match(follow=(*follow, root)[: self.max_draft], length=int(matched[best]), period=n - start)
 
 
-def _key(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Three token ids in one int64 (exact for vocabularies below 2^21 ids)."""
+def _key(a: int, b: int, c: int) -> int:
+    """Three token ids in one int (exact for vocabularies below 2^21 ids)."""
     return (a << 42) | (b << 21) | c
