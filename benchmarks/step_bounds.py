@@ -37,6 +37,7 @@ from tokenswift_cli.backends.cpu.row_attention import RowLayout
 from tokenswift_cli.bench.harness import Bench
 from tokenswift_cli.bench.models import BenchRequest, open_model
 from tokenswift_cli.engine.state import prefill
+from tokenswift_cli.model.target import Target
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
@@ -63,6 +64,30 @@ def machine_parts() -> dict[str, tuple[Callable[[], Any], int, float]]:
     }
 
 
+def prefilled_plain_step(context: int) -> tuple[Target, Callable[[], None]]:
+    """The embedded model loaded as `tokenswift write` loads it (4-bit layers, Q8_0 head, float16 cache), `context`
+    tokens of the held-out prefix prefilled, and a plain step: one token's forward over the cache (the native
+    decoder) and its head row, after which the cache rolls back (every call scores the same position)."""
+    request = BenchRequest(
+        lengths=(64,), length_context=context, contexts=(), methods=("plain",), sampling="default",
+        context_window="4k",
+    )  # fmt: skip
+    model = open_model(request)
+    target = model.target
+    cfg = Bench(target, None, request.settings(model.run)).config("plain", request.cases()[0])
+    state = prefill(target, model.prefix[:context], cfg)
+    root = torch.tensor([state.root])
+
+    def step() -> None:
+        length = state.full.length
+        forward = target.forward(root, state.full, exact=True)
+        target.logits(forward.hidden[-1:])
+        state.full.commit([])  # keep no new row
+        assert state.full.length == length
+
+    return target, step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=4096)
@@ -73,14 +98,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     load = os.getloadavg()
-    request = BenchRequest(
-        lengths=(64,), length_context=args.context, contexts=(), methods=("plain",), sampling="default",
-        context_window="4k",
-    )  # fmt: skip
-    model = open_model(request)
-    target = model.target
-    cfg = Bench(target, None, request.settings(model.run)).config("plain", request.cases()[0])
-    state = prefill(target, model.prefix[: args.context], cfg)
+    target, step = prefilled_plain_step(args.context)
     config = target.model.config
     layers = target.model.get_decoder().layers
     hidden = torch.randn(1, config.hidden_size)
@@ -119,15 +137,6 @@ def main() -> None:
     def attention() -> None:
         for index in range(len(layers)):
             attend(index)
-
-    root = torch.tensor([state.root])
-
-    def step() -> None:  # a plain step's forward and head row; the cache rolls back after it
-        length = state.full.length
-        forward = target.forward(root, state.full, exact=True)
-        target.logits(forward.hidden[-1:])
-        state.full.commit([])  # keep no new row: every repeat scores the same position
-        assert state.full.length == length
 
     head = target.q8_head
     parts: dict[str, tuple[Callable[[], Any], int, float]] = {

@@ -22,10 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-
-from tokenswift_cli.bench.harness import Bench
-from tokenswift_cli.bench.models import BenchRequest, open_model
-from tokenswift_cli.engine.state import prefill
+from step_bounds import prefilled_plain_step  # beside this file
 
 
 def main() -> None:
@@ -36,21 +33,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     load = os.getloadavg()
-    request = BenchRequest(
-        lengths=(64,), length_context=args.context, contexts=(), methods=("plain",), sampling="default",
-        context_window="4k",
-    )  # fmt: skip
-    model = open_model(request)
-    target = model.target
-    cfg = Bench(target, None, request.settings(model.run)).config("plain", request.cases()[0])
-    state = prefill(target, model.prefix[: args.context], cfg)
-    root = torch.tensor([state.root])
-
-    def step() -> None:  # one plain step's forward and head row; the cache rolls back after it
-        forward = target.forward(root, state.full, exact=True)
-        target.logits(forward.hidden[-1:])
-        state.full.commit([])
-
+    _, step = prefilled_plain_step(args.context)
     cases = [(threads, busy) for busy in (False, True) for threads in (1, 2)]
     seconds: dict[tuple[int, bool], list[float]] = {case: [] for case in cases}
     for _ in range(args.rounds):

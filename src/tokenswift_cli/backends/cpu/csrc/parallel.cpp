@@ -49,16 +49,15 @@ inline int64_t index(uint64_t state) { return static_cast<int64_t>(state & kInde
 
 thread_local bool inside = false;  // this thread runs a chunk (nested calls run inline)
 
+struct Inside {  // marks this thread inside a split until the scope ends, however it ends
+  bool was = inside;
+  Inside() { inside = true; }
+  ~Inside() { inside = was; }
+};
+
 void run_here(int64_t begin, int64_t end, Body body, const void* context) {
-  const bool was_inside = inside;
-  inside = true;
-  try {
-    body(context, begin, end);
-  } catch (...) {
-    inside = was_inside;
-    throw;
-  }
-  inside = was_inside;
+  Inside here;
+  body(context, begin, end);
 }
 
 class Pool {
@@ -84,9 +83,10 @@ class Pool {
       std::lock_guard<std::mutex> lock(sleep_);
       wake_.notify_all();
     }
-    inside = true;
-    claim(job);
-    inside = false;
+    {
+      Inside here;
+      claim(job);
+    }
     for (int spins = 0; done_.load(std::memory_order_acquire) < chunks; ++spins) {
       if (spins < kCallerSpins)
         TOKENSWIFT_PAUSE();
@@ -99,7 +99,6 @@ class Pool {
       std::rethrow_exception(error);
     }
   }
-
 
  private:
   void grow(int helpers) {
