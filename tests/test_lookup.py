@@ -47,10 +47,10 @@ def test_repeating_needs_a_long_match() -> None:
     assert not TextLookup().match(text + text[: REPEATING - 1], root=text[REPEATING - 1]).repeating
 
 
-def test_the_mirror_follows_a_growing_text() -> None:
+def test_the_index_follows_a_growing_text() -> None:
     lookup, tokens = TextLookup(), [3, 1, 4, 1, 5]
     assert lookup.match(tokens, root=9).draft(1) == ()
-    tokens += [9, 2] * 700  # grows past the mirror's first allocation
+    tokens += [9, 2] * 700  # indexed as it grows
     assert lookup.match(tokens, root=9).draft(3) == (2, 9, 2)
 
 
