@@ -421,6 +421,13 @@ struct Layout {
   bool sees(int64_t r, int64_t pos, int64_t row) const { return pos < sinks || row >= lowest[r]; }
 };
 
+template <typename T>  // one thread's scratch for the blocks it computes, kept across calls
+struct Buffers {
+  std::vector<float> scores, keys, values;
+  Held<T> held;
+  Held<float> wide_held;
+};
+
 // Every lane's per-block results, kept across calls (no allocation, no page faults per forward).
 template <typename X>
 X* scratch(std::vector<X>& buffer, size_t size) {
@@ -471,9 +478,13 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
   float* block_acc = scratch(accs, at.kv * nb * width * dim);
   const bool transposed = width >= kTransposeWidth;
   parallel::split(0, at.kv * nb, 1, [&](int64_t begin, int64_t end) {
-    static thread_local std::vector<float> scores_buffer, keys_buffer, values_buffer;
-    static thread_local Held<T> held;
-    static thread_local Held<float> wide_held;
+    // bound once: each use of a thread_local from a shared library is a call (__tls_get_addr), and
+    // `held` grows by one per position
+    static thread_local Buffers<T> buffers;
+    Buffers<T>& mine = buffers;
+    std::vector<float>&scores_buffer = mine.scores, &keys_buffer = mine.keys, &values_buffer = mine.values;
+    Held<T>& held = mine.held;
+    Held<float>& wide_held = mine.wide_held;
     float* scores = scratch(scores_buffer, width * block);  // [lane][position in the block], then the weights
     float* tile = scratch(keys_buffer, kLanes * dim);  // 16 keys widened (exact), row by row or transposed
     for (int64_t item = begin; item < end; ++item) {
@@ -512,8 +523,12 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           if (transposed) {
             transpose_keys(key0, at.k_pos, tile, chunks);
             tile_scores(queries, width, tile, chunks, scale, scores + j, block);
+          } else if (kWidens<T> && width > 1) {  // few lanes: the 16 keys widened once (exact) for all of them
+            const float* keys16[kLanes];
+            for (int64_t l = 0; l < kLanes; ++l) keys16[l] = widen(key0 + l * at.k_pos, tile + l * dim, dim);
+            for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], keys16, dim, scale, scores + lane * block + j);
           } else {
-            const T* keys16[kLanes];  // few lanes: each reads (and widens) the keys itself
+            const T* keys16[kLanes];
             for (int64_t l = 0; l < kLanes; ++l) keys16[l] = key0 + l * at.k_pos;
             for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], keys16, dim, scale, scores + lane * block + j);
           }
