@@ -9,6 +9,7 @@ reference draws once per leaf path, which biases towards the drafts).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,7 +91,8 @@ def accept(tree: Tree, logits: torch.Tensor | NodeLogits, history: Sequence[int]
     nodes: list[int] = []
     # the context as one tensor, the tail converted once (a list of ~1K ids per node cost ~0.1 ms)
     buffer = torch.empty(len(tail) + len(tree.token_ids) + 1, dtype=torch.long)  # [tail + longest path]
-    buffer[: len(tail)] = torch.tensor(tail, dtype=torch.long)
+    if tail:  # through an array: 3x quicker than torch.tensor(list)
+        buffer[: len(tail)] = torch.frombuffer(array("q", tail), dtype=torch.long)
     while True:
         position = len(history) + len(path)  # absolute position of the token drawn now
         buffer[len(tail) + len(path) - 1] = path[-1]
