@@ -241,3 +241,23 @@ def test_tokenswift_equals_plain_with_a_q8_head() -> None:
     plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     fast, stats = generate_tokens(target, heads, prompt, cfg)
     assert first_divergence(fast, plain) is None and stats.iterations < 120
+
+
+@pytest.mark.parametrize("window", [None, 64])
+@pytest.mark.parametrize("sinks, first_recent", [(0, 0), (4, 0), (4, 40)])
+def test_a_single_rows_layout_is_the_general_one(window: int | None, sinks: int, first_recent: int) -> None:
+    """A plain step's layout, worked out in Python ints, equals the general path's (a trie of one row)."""
+    for committed in (0, 1, 63, 64, 65, 200):
+        for depth in (0, 1, 3):
+            position = torch.tensor([committed + depth])
+            single = ra.RowLayout.build(
+                position, committed, None, window=window, sinks=sinks, first_recent=first_recent
+            )
+            lowest = (position - window + 1 if window is not None else torch.zeros_like(position)).clamp(
+                min=max(sinks, first_recent)
+            ) - (first_recent - sinks)
+            assert torch.equal(single.lowest, lowest)
+            expected = torch.full((1, depth + 1), -1, dtype=torch.long)
+            expected[0, depth] = 0
+            assert torch.equal(single.ancestors, expected)
+            assert (single.stored, single.offset) == (sinks + committed - first_recent, first_recent - sinks)

@@ -54,10 +54,19 @@ class RowLayout:
         """The layout for new tokens at `positions` `[q]` (a trie: `block_mask`, default causal)."""
         positions = positions.cpu()
         q_len = positions.shape[0]
+        offset = first_recent - sinks
+        if q_len == 1:  # a plain step (a token sees itself): in Python ints, a dozen small tensors fewer
+            position = int(positions[0])
+            lowest_row = max(position - window + 1 if window is not None else 0, sinks, first_recent) - offset
+            ancestors = torch.full((1, position - committed + 1), -1, dtype=torch.long)
+            ancestors[0, -1] = 0
+            return cls(
+                lowest=torch.tensor([lowest_row]), ancestors=ancestors, sinks=sinks,
+                stored=sinks + committed - first_recent, offset=offset, committed=committed, block=block,
+            )  # fmt: skip
         depth = positions - committed
         lowest = positions - window + 1 if window is not None else torch.zeros_like(positions)
         lowest = lowest.clamp(min=max(sinks, first_recent))
-        offset = first_recent - sinks
         mask = torch.ones(q_len, q_len, dtype=torch.bool).tril() if block_mask is None else block_mask.cpu()
         ancestors = torch.full((q_len, int(depth.max()) + 1), -1, dtype=torch.long)
         rows, cols = mask.nonzero(as_tuple=True)
