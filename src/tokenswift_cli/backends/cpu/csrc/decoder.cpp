@@ -59,8 +59,8 @@ namespace {
 
 // LlamaRMSNorm / Qwen2RMSNorm.forward in float32, `weight * (x * rsqrt(x.pow(2).mean(-1) + eps))`, into
 // `out`. Only the mean sums in an order of its own: ATen's (at::mean_out); every other step rounds once
-// per element, written out (x * x is pow(x, 2); 1 / sqrt is rsqrt, both exact IEEE operations). ~20
-// small ATen operations a layer cost ~1.4 ms of a plain step in dispatch and allocation alone.
+// per element, written out (x * x is pow(x, 2); 1 / sqrt is rsqrt, both exact IEEE operations). The ~20
+// small ATen operations a layer this replaces cost ~0.4 ms of a plain step in dispatch and allocation.
 void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& squares, at::Tensor& variance,
               at::Tensor& out) {
   const int64_t rows = x.size(0), width = x.size(1);
