@@ -134,7 +134,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--ngram-top-k", "0", "--partial-budget", "0", "-o", tmp_path / "book.txt", "--checkpoint-every", "100",
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
         "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4", "--lookup", "24",
-        "--xtc", "0.5", "--xtc-threshold", "0.15", "--spacing",
+        "--xtc", "0.5", "--xtc-threshold", "0.15", "--spacing", "--max-word", "30",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -152,6 +152,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         xtc_threshold=0.15,
         scripts=("greek", "latin"),
         spacing=True,
+        max_word=30,
     )
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify", lookup_length=24)
     assert captured["write"] == {
@@ -674,6 +675,19 @@ def test_the_spacing_rule_is_recorded_and_a_run_resumes_exactly(tiny_folder: Pat
     more = cli("resume", run.name, "--tokens", 150, "-q")
     assert more.exit_code == 0, more.output
     assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 150, *spacing)
+
+
+def test_the_word_cap_is_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:
+    capped = ("--max-word", "3", *SAMPLED)
+    first, run = write_in_process(tiny_folder, prefix_file, 60, *capped)
+    assert json.loads((run / "settings.json").read_text())["run_config"]["sampling"]["max_word"] == 3
+    more = cli("resume", run.name, "--tokens", 150, "-q")
+    assert more.exit_code == 0, more.output
+    text = first + more.stdout_bytes
+    assert text == reference(tiny_folder, prefix_file, 150, *capped)
+    assert text != reference(tiny_folder, prefix_file, 150, *SAMPLED)  # the cap had work to do
+    _, off = write_in_process(tiny_folder, prefix_file, 5, "--max-word", "0", *SAMPLED)
+    assert json.loads((off / "settings.json").read_text())["run_config"]["sampling"]["max_word"] is None
 
 
 def test_int4_weights_are_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:

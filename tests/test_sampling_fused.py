@@ -16,6 +16,7 @@ from tokenswift_cli.sampling import distribution, fused
 from tokenswift_cli.sampling.distribution import choose, reference_scores, target_scores
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
+from tokenswift_cli.sampling.word_length import WordLengthRule
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the torch definition runs")
 
@@ -29,8 +30,12 @@ def vocabulary(vocab: int) -> list[bytes]:
 
 
 @pytest.fixture(scope="module")
-def rules() -> dict[int, tuple[ScriptFilter, SpacingRule]]:
-    return {v: (ScriptFilter(("latin",), vocabulary(v), v), SpacingRule(vocabulary(v), v)) for v in (50, 1000, 49152)}
+def rules() -> dict[int, tuple[ScriptFilter, SpacingRule, WordLengthRule]]:
+    def built(v: int) -> tuple[ScriptFilter, SpacingRule, WordLengthRule]:
+        pieces = vocabulary(v)
+        return ScriptFilter(("latin",), pieces, v), SpacingRule(pieces, v), WordLengthRule(pieces, v, 4)
+
+    return {v: built(v) for v in (50, 1000, 49152)}
 
 
 def random_logits(rng: random.Random, vocab: int) -> torch.Tensor:
@@ -59,7 +64,9 @@ def random_context(rng: random.Random, vocab: int) -> torch.Tensor:
     return context
 
 
-def random_config(rng: random.Random, vocab: int, rules: tuple[ScriptFilter, SpacingRule]) -> SamplingConfig:
+def random_config(
+    rng: random.Random, vocab: int, rules: tuple[ScriptFilter, SpacingRule, WordLengthRule]
+) -> SamplingConfig:
     dry = rng.random() < 0.6
     cfg = SamplingConfig(
         temperature=rng.choice([0.0, 0.0, 1.0, 0.7, 1.3]),
@@ -77,11 +84,13 @@ def random_config(rng: random.Random, vocab: int, rules: tuple[ScriptFilter, Spa
         suppress_token_ids=tuple(rng.sample(range(vocab), rng.choice([0, 1, 3]))),
         seed=rng.randrange(1000),
     )
-    script_filter, spacing = rules
+    script_filter, spacing, words = rules
     if rng.random() < 0.5:
         cfg = dataclasses.replace(cfg, scripts=("latin",), script_filter=script_filter)
     if rng.random() < 0.4:
         cfg = dataclasses.replace(cfg, spacing=True, spacing_rule=spacing)
+    if rng.random() < 0.4:
+        cfg = dataclasses.replace(cfg, max_word=words.cap, word_rule=words)
     return cfg
 
 
@@ -137,7 +146,7 @@ def test_the_default_sampling_draws_in_the_kernel(rules, monkeypatch) -> None:  
     """The embedded model's defaults (penalty, DRY, temperature, min-p, scripts): the kernel settles the draw."""
     rng = random.Random(5)
     torch.manual_seed(5)
-    script_filter, _ = rules[49152]
+    script_filter, *_ = rules[49152]
     cfg = SamplingConfig(
         temperature=1.3, min_p=0.1, penalty=1.1, penalty_window=1024, dry_multiplier=1.5, dry_base=1.2,
         scripts=("latin",), script_filter=script_filter, suppress_token_ids=(0, 2),

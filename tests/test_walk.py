@@ -19,6 +19,7 @@ from tokenswift_cli.engine.verify import NodeLogits, accept
 from tokenswift_cli.engine.walk import WALK, accept_on_device
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
+from tokenswift_cli.sampling.word_length import WordLengthRule
 
 VOCAB = 48
 PIECES = [b" the", b"the", b",", b"!", b"a", b"B", b"\xc3", b"\xa9", "\uff28".encode()[:2], "\uff28".encode()[2:]]
@@ -62,6 +63,10 @@ CONFIGS = {  # short windows: most histories fill them, so the walks run at a gr
     "scripts spacing": SamplingConfig(
         temperature=1.3, min_p=0.05, penalty=1.1, penalty_window=16, scripts=("latin",), spacing=True, seed=5,
         script_filter=ScriptFilter(("latin",), PIECES, VOCAB), spacing_rule=SpacingRule(PIECES, VOCAB),
+    ),
+    "word cap": SamplingConfig(
+        temperature=1.3, min_p=0.05, penalty=1.1, penalty_window=16, max_word=4, seed=6,
+        word_rule=WordLengthRule(PIECES, VOCAB, 4),
     ),
 }  # fmt: skip
 

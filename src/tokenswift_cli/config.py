@@ -15,6 +15,7 @@ from tokenswift_cli.sampling.scripts import SCRIPTS
 if TYPE_CHECKING:
     from tokenswift_cli.sampling.scripts import ScriptFilter
     from tokenswift_cli.sampling.spacing import SpacingRule
+    from tokenswift_cli.sampling.word_length import WordLengthRule
 
 SCHEMA_VERSION = 1
 
@@ -52,7 +53,8 @@ class SamplingConfig:
     `scripts` names the scripts the text may use (scripts.py; () = any, ("auto",) = the prefix's,
     resolved before a run starts); the filter itself needs the tokenizer's bytes and is attached by
     `run_model.with_scripts_filter`, as is the rule of `spacing` (words kept apart: no letter right
-    after `,;!?`, no capital right after a small letter; spacing.py).
+    after `,;!?`, no capital right after a small letter; spacing.py) and of `max_word` (no word longer
+    than that many characters; word_length.py).
     """
 
     temperature: float = 0.0
@@ -74,6 +76,8 @@ class SamplingConfig:
     script_filter: ScriptFilter | None = field(default=None, compare=False, repr=False)
     spacing: bool = False
     spacing_rule: SpacingRule | None = field(default=None, compare=False, repr=False)
+    max_word: int | None = None
+    word_rule: WordLengthRule | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
@@ -91,6 +95,7 @@ class SamplingConfig:
         xtc = self.xtc_probability
         _check(xtc is None or 0 < xtc <= 1, "the XTC probability must be in (0, 1]")
         _check(0 < self.xtc_threshold <= 0.5, "the XTC threshold must be in (0, 0.5]")
+        _check(self.max_word is None or self.max_word >= 1, "the word cap must be >= 1")
         object.__setattr__(self, "suppress_token_ids", tuple(int(t) for t in self.suppress_token_ids))
         object.__setattr__(self, "scripts", tuple(str(s) for s in self.scripts))
         unknown = [s for s in self.scripts if s not in SCRIPTS and self.scripts != ("auto",)]
@@ -101,15 +106,17 @@ class SamplingConfig:
         return self.temperature == 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings, without what is built from the tokenizer (the scripts filter, the spacing rule)."""
-        data = dataclasses.asdict(dataclasses.replace(self, script_filter=None, spacing_rule=None))
-        del data["script_filter"], data["spacing_rule"]
+        """The settings, without what is built from the tokenizer (the scripts filter, the spacing and word
+        rules)."""
+        data = dataclasses.asdict(dataclasses.replace(self, script_filter=None, spacing_rule=None, word_rule=None))
+        del data["script_filter"], data["spacing_rule"], data["word_rule"]
         return data
 
     @property
     def context_length(self) -> int:
-        """Tokens before a draw that the target distribution depends on (penalty window, DRY range)."""
-        return max(self.penalty_window, self.dry_range if self.dry_multiplier is not None else 0)
+        """Tokens before a draw that the target distribution depends on (penalty window, DRY range, word rule)."""
+        words = 4 * self.max_word + 3 if self.max_word is not None else 0  # `WordLengthRule.context_tokens`
+        return max(self.penalty_window, self.dry_range if self.dry_multiplier is not None else 0, words)
 
 
 @dataclass(frozen=True)
@@ -267,7 +274,7 @@ class RunConfig:
         return total if not isinstance(self.window, ContextWindow) else min(total, self.window.span)
 
     def to_dict(self) -> dict[str, Any]:
-        unbuilt = dataclasses.replace(self.sampling, script_filter=None, spacing_rule=None)
+        unbuilt = dataclasses.replace(self.sampling, script_filter=None, spacing_rule=None, word_rule=None)
         data = dataclasses.asdict(dataclasses.replace(self, sampling=unbuilt))
         data["sampling"] = self.sampling.to_dict()
         return {"schema_version": SCHEMA_VERSION, **data}

@@ -248,6 +248,19 @@ SpacingOpt = Annotated[
         show_default=False,
     ),
 ]
+MaxWordOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-word",
+        help=_with_default(
+            "No word longer than this many characters (a run without a space; CJK and other wide characters "
+            "end a word). 0 = off.",
+            "max_word",
+        ),
+        rich_help_panel=_SAMPLE,
+        show_default=False,
+    ),
+]
 SeedOpt = Annotated[
     int, typer.Option("--seed", help="Seed of the position-keyed random stream.", rich_help_panel=_SAMPLE)
 ]

@@ -31,6 +31,7 @@ from tokenswift_cli.cli.options import (
     KeepOpt,
     KVCacheOpt,
     LookupOpt,
+    MaxWordOpt,
     MinPOpt,
     ModelOpt,
     ModeOpt,
@@ -126,6 +127,7 @@ def write(
     xtc_threshold: XtcThresholdOpt = None,
     scripts: ScriptsOpt = None,
     spacing: SpacingOpt = None,
+    max_word: MaxWordOpt = None,
     seed: SeedOpt = SAMPLING_DEFAULTS.seed,
     mode: ModeOpt = "tokenswift",
     tree: TreeOpt = DEFAULT_TREE,
@@ -152,11 +154,14 @@ def write(
             penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None,
             dry_base=dry_base, xtc_probability=xtc or None, xtc_threshold=xtc_threshold,
             scripts=None if scripts is None else parse_scripts(scripts), spacing=spacing,
+            max_word=max_word or None,
         )  # fmt: skip
         if dry == 0:  # "0 = off", also when the model's defaults turn DRY on
             sampling = dataclasses.replace(sampling, dry_multiplier=None)
         if xtc == 0:
             sampling = dataclasses.replace(sampling, xtc_probability=None)
+        if max_word == 0:
+            sampling = dataclasses.replace(sampling, max_word=None)
         drafting = DraftConfig(
             tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget),
             lookup_length=off_if_zero(lookup),

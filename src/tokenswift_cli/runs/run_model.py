@@ -34,6 +34,7 @@ from tokenswift_cli.model.rope import apply_rope, plan_rope, trained_length
 from tokenswift_cli.model.target import Target
 from tokenswift_cli.sampling.scripts import ScriptFilter, scripts_of, token_bytes
 from tokenswift_cli.sampling.spacing import SpacingRule
+from tokenswift_cli.sampling.word_length import WordLengthRule
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
 
@@ -172,7 +173,7 @@ def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
 
 def bind_scripts(config: RunConfig, loaded: RunModel, prefix: str | None = None) -> RunConfig:
     """Resolve `--scripts auto` to the scripts of `prefix` and attach what the target distribution needs
-    from the tokenizer: the scripts filter and the spacing rule."""
+    from the tokenizer: the scripts filter, the spacing rule and the word rule."""
     vocab_size = int(loaded.target.lm_head.weight.shape[0])
     return config.replace(sampling=with_scripts_filter(config.sampling, loaded.tokenizer, vocab_size, prefix))
 
@@ -180,13 +181,15 @@ def bind_scripts(config: RunConfig, loaded: RunModel, prefix: str | None = None)
 def with_scripts_filter(
     sampling: SamplingConfig, tokenizer: Any, vocab_size: int, prefix: str | None = None
 ) -> SamplingConfig:
-    """`sampling` with "auto" resolved to the scripts of `prefix`, and the scripts filter and the spacing
-    rule (when asked for) built from `tokenizer`."""
-    if not sampling.spacing and not sampling.scripts:
+    """`sampling` with "auto" resolved to the scripts of `prefix`, and the scripts filter, the spacing
+    rule and the word rule (when asked for) built from `tokenizer`."""
+    if not sampling.spacing and not sampling.scripts and sampling.max_word is None:
         return sampling
-    vocabulary = token_bytes(tokenizer)  # the bytes of the whole vocabulary, read once for both
+    vocabulary = token_bytes(tokenizer)  # the bytes of the whole vocabulary, read once for all
     if sampling.spacing:
         sampling = dataclasses.replace(sampling, spacing_rule=SpacingRule(vocabulary, vocab_size))
+    if sampling.max_word is not None:
+        sampling = dataclasses.replace(sampling, word_rule=WordLengthRule(vocabulary, vocab_size, sampling.max_word))
     if not sampling.scripts:
         return sampling
     names = sampling.scripts

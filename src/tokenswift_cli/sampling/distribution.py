@@ -36,6 +36,7 @@ from tokenswift_cli.sampling import fused
 from tokenswift_cli.sampling.dry import dry_amounts, dry_penalties
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
+from tokenswift_cli.sampling.word_length import WordLengthRule
 
 
 def position_uniform(seed: int, position: int, salt: str = "") -> float:
@@ -89,6 +90,8 @@ def filter_rules(cfg: SamplingConfig) -> list[tuple[Any, int]]:
         rules.append((_script_filter(cfg), 4))
     if cfg.spacing:
         rules.append((_spacing_rule(cfg), 1))
+    if cfg.max_word is not None:
+        rules.append((_word_rule(cfg), _word_rule(cfg).context_tokens))
     return rules
 
 
@@ -153,6 +156,12 @@ def _script_filter(cfg: SamplingConfig) -> ScriptFilter:
     if cfg.script_filter is None or cfg.script_filter.scripts != cfg.scripts:
         raise ConfigError("the scripts filter needs the tokenizer: attach it with run_model.bind_scripts")
     return cfg.script_filter
+
+
+def _word_rule(cfg: SamplingConfig) -> WordLengthRule:
+    if cfg.word_rule is None or cfg.word_rule.cap != cfg.max_word:
+        raise ConfigError("the word rule needs the tokenizer: attach it with run_model.bind_scripts")
+    return cfg.word_rule
 
 
 def _spacing_rule(cfg: SamplingConfig) -> SpacingRule:
