@@ -121,8 +121,9 @@ def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
     assert first_divergence(fast, plain) is None and first_divergence(python_layers, plain) is None
 
 
-def test_the_spacing_rule_on_the_embedded_model_keeps_words_apart_losslessly() -> None:
-    """`--spacing` with the real byte-level vocabulary: TokenSwift writes plain decoding's text, with no glued pair."""
+def test_the_spacing_and_word_rules_on_the_embedded_model_keep_words_apart_losslessly() -> None:
+    """`--spacing` and `--max-word` with the real byte-level vocabulary: TokenSwift writes plain decoding's text,
+    with no glued pair and no word past the cap."""
     import dataclasses
     import re
 
@@ -136,7 +137,7 @@ def test_the_spacing_rule_on_the_embedded_model_keeps_words_apart_losslessly() -
     assert shipped is not None
     heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint)
     prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
-    spaced = dataclasses.replace(EMBEDDED, spacing=True)
+    spaced = dataclasses.replace(EMBEDDED, spacing=True, max_word=8)
     sampling = with_scripts_filter(spaced, loaded.tokenizer, vocab, prefix=PROMPT.read_text())
     rule = sampling.spacing_rule
     assert rule is not None
@@ -148,3 +149,4 @@ def test_the_spacing_rule_on_the_embedded_model_keeps_words_apart_losslessly() -
     assert first_divergence(fast, plain) is None
     text = loaded.tokenizer.decode([prompt[-1], *plain])
     assert not re.search(r"[,;!?][^\W\d_]|[a-z][A-Z]", text), text
+    assert not re.search(r"[^\s\u0800-\U0010ffff]{9}", loaded.tokenizer.decode(plain)), text
