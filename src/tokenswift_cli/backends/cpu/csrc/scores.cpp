@@ -136,7 +136,9 @@ int64_t draw_kept(const float* scores, const std::vector<int64_t>& kept, double 
 }
 
 // Scratch per thread, sized to the vocabulary: DRY's amount per token (zero but where set) and the
-// stamp of the call that last listed a token among the ones to fix up.
+// stamp of the call that last listed a token among the ones to fix up. Returned by a call GCC cannot see
+// into: a reference to a thread_local from a shared library is re-derived at each use (a call to
+// __tls_get_addr, per token of the window in the loops below).
 struct Scratch {
   std::vector<float> dry;
   std::vector<uint32_t> stamp;
@@ -144,7 +146,7 @@ struct Scratch {
   std::vector<int64_t> fix, kept;
 };
 
-Scratch& scratch(int64_t vocab) {
+__attribute__((noinline)) Scratch& scratch(int64_t vocab) {
   thread_local Scratch s;
   if ((int64_t)s.dry.size() < vocab) {
     s.dry.assign(vocab, 0.0f);
