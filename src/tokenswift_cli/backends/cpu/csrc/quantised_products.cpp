@@ -254,10 +254,9 @@ void output_block_at(const uint8_t* packed, const c10::Half* scales, const c10::
 
 // Outputs [begin, end) (rows of the padded weights) for every input row.
 template <typename W>
-void output_rows(const uint8_t* packed, const c10::Half* scales, const c10::Half* lows, const std::vector<Quantised>& rows,
-                 float* out, int64_t n_out, int64_t padded, int64_t begin, int64_t end) {
-  const int64_t pairs = padded / 2, chunks = (padded + kLanes - 1) / kLanes, count = static_cast<int64_t>(rows.size());
-  const Quantised* x = rows.data();
+void output_rows(const uint8_t* packed, const c10::Half* scales, const c10::Half* lows, const Quantised* x,
+                 int64_t count, float* out, int64_t n_out, int64_t padded, int64_t begin, int64_t end) {
+  const int64_t pairs = padded / 2, chunks = (padded + kLanes - 1) / kLanes;
   float sink[kRowTile];  // results of the padding rows
   for (int64_t r0 = 0; r0 < count; r0 += kRowTile) {
     const int64_t tile = std::min(kRowTile, count - r0);
@@ -279,6 +278,14 @@ void output_rows(const uint8_t* packed, const c10::Half* scales, const c10::Half
   }
 }
 
+// This thread's quantised rows, kept across calls: a plain step makes 120 products, each of which
+// allocated them anew (three vectors a row). Through a call GCC cannot see into: a reference to a
+// thread_local from a shared library is re-derived at each use.
+__attribute__((noinline)) std::vector<Quantised>& quantised_rows() {
+  static thread_local std::vector<Quantised> rows;
+  return rows;
+}
+
 // The products of x [R, K] float32 with N rows of weights of kind W -> [R, N] float32 (+ bias).
 template <typename W>
 at::Tensor products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor* lows,
@@ -295,7 +302,8 @@ at::Tensor products(const at::Tensor& x, const at::Tensor& packed, const at::Ten
   TORCH_CHECK(stored % kLanes == 0 && stored >= padded);
   const bool biased = bias.has_value() && bias->defined();
   if (biased) TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == n_out);
-  std::vector<Quantised> quantised(rows);
+  std::vector<Quantised>& quantised = quantised_rows();
+  if (static_cast<int64_t>(quantised.size()) < rows) quantised.resize(rows);
   const float* in = input.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     Quantised& q = quantised[r];
@@ -307,8 +315,8 @@ at::Tensor products(const at::Tensor& x, const at::Tensor& packed, const at::Ten
   at::Tensor out = at::empty({rows, n_out}, input.options());
   const c10::Half* m = lows ? lows->data_ptr<c10::Half>() : nullptr;
   parallel::split(0, n_padded / kOutputs, 16, [&](int64_t begin, int64_t end) {
-    output_rows<W>(packed.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), m, quantised, out.data_ptr<float>(), n_out,
-                   padded, begin * kOutputs, end * kOutputs);
+    output_rows<W>(packed.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), m, quantised.data(), rows,
+                   out.data_ptr<float>(), n_out, padded, begin * kOutputs, end * kOutputs);
   });
   return biased ? out + bias->view({1, n_out}) : out;
 }
