@@ -329,7 +329,8 @@ def test_write_help_shows_the_defaults_it_will_use() -> None:
     assert f"Default: {embedded.min_p}." in shown
     assert f"Default: {embedded.temperature} for the embedded model, {paper.temperature} for others." in shown
     assert "Default: auto for the embedded model, any for others." in shown  # --scripts
-    assert "nor a capital after a small letter. Default: off." in shown  # --spacing
+    assert "nor a capital after a small letter. Default: on for the embedded model, off for others." in shown
+    assert "0 = off. Default: 24 for the embedded model, off for others." in shown  # --max-word
     assert "[default: 1,3,3,3]" in shown and "the last 4,092 tokens" in shown  # tree, window
 
 

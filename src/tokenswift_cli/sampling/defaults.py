@@ -47,8 +47,14 @@ SmolLM2-135M-Instruct, measured on this project's CPU (issue 6), 1024 tokens per
   8%, 0% continuing the prefix and 0%, 8%, 0% answering the request (the rest: words run together),
   judge NLL 2.9-3.5 per 8K, as real prose scores (2.6-3.2). Hence temperature 1.3. Confirmed over
   3 seeds x 100K: 9%, 13%, 0% continuing the prefix (mean 7%), 1%, 11%, 1% answering the request
-  (mean 4%), judge NLL 2.7-3.6 per 8K with no cliff; what fails is words run together. `--spacing`
-  stays off: on the three failing seeds it did not remove that failure (docs/quality.md, 2026-11-27).
+  (mean 4%), judge NLL 2.7-3.6 per 8K with no cliff; what fails is words run together.
+* Under the integer products (2026-11-28) the same screen found 2/7.5/5.0% continuing the prefix and
+  3.5/8.5/11.6% answering the request (mean 7.9%), still words run together: glued pairs (",the",
+  "DragonbornSavior"), hyphen chains, capitals without end and codes hundreds of characters long.
+  `spacing` bans the glued pairs and `max_word` 24 cuts every word at 24 characters (Paradise Lost's
+  longest is 18): on the two worst seeds of the request, 11.6% -> 1.5% and 8.5% -> 3.5%, no stretch
+  run together, what is left lists; continuing the prefix, seed 3, 5.0% -> 2.5% (docs/quality.md).
+  Hence both on.
 Context: past the trained 8192 positions a 4K context window keeps the model as trained
 (`automatic_window`); as configured, the NLL of real prose rises from ~2.9 to 5.5-7.3 nats past
 12K positions. End-of-text tokens are suppressed unless the run stops at them (`suppressed_ids`).
@@ -62,8 +68,9 @@ from collections.abc import Sequence
 from tokenswift_cli.config import DEFAULT_SINKS, AutoWindow, Keep, SamplingConfig
 
 EMBEDDED = SamplingConfig(
-    temperature=1.3, min_p=0.1, penalty=1.1, penalty_window=1024, dry_multiplier=1.5, dry_base=1.2, scripts=("auto",)
-)
+    temperature=1.3, min_p=0.1, penalty=1.1, penalty_window=1024, dry_multiplier=1.5, dry_base=1.2, scripts=("auto",),
+    spacing=True, max_word=24,
+)  # fmt: skip
 # The TokenSwift paper's settings (theta 1.2 over W 1024, min-p 0.1), measured there on 7-8B models.
 PAPER = SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
 
