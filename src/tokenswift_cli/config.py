@@ -115,7 +115,9 @@ class SamplingConfig:
     @property
     def context_length(self) -> int:
         """Tokens before a draw that the target distribution depends on (penalty window, DRY range, word rule)."""
-        words = 4 * self.max_word + 3 if self.max_word is not None else 0  # `WordLengthRule.context_tokens`
+        from tokenswift_cli.sampling.word_length import context_tokens  # no torch: `--help` stays instant
+
+        words = context_tokens(self.max_word) if self.max_word is not None else 0
         return max(self.penalty_window, self.dry_range if self.dry_multiplier is not None else 0, words)
 
 

@@ -91,7 +91,8 @@ def filter_rules(cfg: SamplingConfig) -> list[tuple[Any, int]]:
     if cfg.spacing:
         rules.append((_spacing_rule(cfg), 1))
     if cfg.max_word is not None:
-        rules.append((_word_rule(cfg), _word_rule(cfg).context_tokens))
+        words = _word_rule(cfg)
+        rules.append((words, words.context_tokens))
     return rules
 
 

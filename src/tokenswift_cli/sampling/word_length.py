@@ -39,6 +39,11 @@ def word_runs(piece: bytes) -> list[int | None]:
     return runs
 
 
+def context_tokens(cap: int) -> int:
+    """The last tokens that settle the state: each token holds at least one byte, each character at most 4."""
+    return 4 * cap + 3
+
+
 class WordLengthRule:
     """Which tokens may come next, by the length of the word the text ends with (capped at `cap`)."""
 
@@ -53,7 +58,7 @@ class WordLengthRule:
         self._first_run = torch.tensor([r[0] or 0 for r in runs])  # [vocab]: what it adds to the open word
         self._always = torch.tensor([max((n or 0 for n in r[1:]), default=0) > cap for r in runs])  # [vocab]
         self._banned: dict[int, torch.Tensor] = {}
-        self.context_tokens = 4 * cap + 3  # each token holds at least one byte, each character at most 4
+        self.context_tokens = context_tokens(cap)
 
     def banned(self, context: Sequence[int]) -> torch.Tensor:
         """Bool `[vocab]`: the tokens that may not follow `context` (the path's last tokens)."""
