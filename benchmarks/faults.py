@@ -307,8 +307,27 @@ def _step(launcher: Launcher, sweep: Sweep, trial: Trial, rng: random.Random, ru
     stopped = latest_run(runs_dir)
     info = store.run_info(stopped) if code != 0 and stopped is not None else None
     if info is not None and (info.state == "running" or info.state in ("interrupted", "failed") and not info.resumable):
-        raise AssertionError(f"{info.id} is {info.state}, not resumable, after the {phase} kill")
+        raise AssertionError(f"{info.id} is {info.state}, not resumable, after the {phase} kill{lock_holders(stopped)}")
     return code == 0 and args[0] != "runs"
+
+
+def lock_holders(run: Path) -> str:
+    """Who holds the run's lock, from /proc/locks (Linux): the process and its command line."""
+    try:
+        inode = (run / "lock").stat().st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return ""
+    held = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[5].endswith(f":{inode}"):
+            try:
+                command = Path(f"/proc/{fields[4]}/cmdline").read_text().replace("\0", " ").strip()
+            except OSError:
+                command = "gone"
+            held.append(f"pid {fields[4]} ({command[:200]})")
+    return f"; held by {', '.join(held)}" if held else "; no holder in /proc/locks by now"
 
 
 def run_trial(launcher: Launcher, sweep: Sweep, *, index: int, seed: int, root: Path) -> Trial:

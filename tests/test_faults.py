@@ -204,6 +204,57 @@ def test_a_live_lock_refuses_with_its_pid_and_a_dead_ones_is_taken_over(tmp_path
         assert (run / "lock").read_text() == str(os.getpid())
 
 
+# A `tokenswift` command whose every start of another program is recorded, with the run locks it held then.
+_WATCHED = """
+import atexit, json, os, subprocess, sys
+from pathlib import Path
+
+starts, real = [], subprocess.Popen.__init__
+
+def run_locks():
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+        if target.name == "lock" and target.parent.name.startswith("run-"):
+            held.append(str(target))
+    return held
+
+def watched(self, args, *rest, **options):
+    starts.append({"program": str(args), "run_locks": run_locks()})
+    return real(self, args, *rest, **options)
+
+subprocess.Popen.__init__ = watched
+atexit.register(lambda: Path(os.environ["STARTS"]).write_text(json.dumps(starts)))
+sys.argv = ["tokenswift", *sys.argv[1:]]
+from tokenswift_cli.cli.app import main
+main()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads the process's open files in /proc")
+def test_no_program_starts_while_a_run_is_locked(folder: Path, tmp_path: Path) -> None:
+    """A program started while a run's lock is held holds the lock too until it execs: a resume killed
+    in that moment (loading the kernels: ldconfig, c++, ninja) left its run looking like it was running
+    (CI, 2026-11-28)."""
+    runs_dir, log = tmp_path / "runs", tmp_path / "starts.json"
+    commands = (
+        ["write", *write_args(folder), "--runs-dir", str(runs_dir)],
+        ["resume", "1", "--tokens", str(TOKENS + 8), "--runs-dir", str(runs_dir), "--threads", "1", "-q"],
+    )
+    for command in commands:
+        done = subprocess.run(
+            [sys.executable, "-c", _WATCHED, *command], env={**os.environ, "STARTS": str(log)},
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        starts = json.loads(log.read_text())
+        assert starts, f"{command[0]} started no program: nothing was watched"
+        assert not [s for s in starts if s["run_locks"]], (command[0], starts)
+
+
 def test_a_folder_stopped_while_being_created_is_listed_to_remove(tmp_path: Path) -> None:
     runs_dir = tmp_path / "runs"
     (runs_dir / "run-001").mkdir(parents=True)  # killed right after its mkdir

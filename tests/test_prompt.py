@@ -162,7 +162,7 @@ def test_the_resume_hint_names_the_command_as_it_was_run(monkeypatch: pytest.Mon
     import shutil
     import sys
 
-    from tokenswift_cli.cli.options import program_name
+    from tokenswift_cli.cli.invocation import program_name
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setattr(sys, "argv", [".venv/bin/tokenswift", "write"])

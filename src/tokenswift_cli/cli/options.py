@@ -339,21 +339,3 @@ DEFAULT_TREE = ",".join(str(w) for w in _DRAFT.tree)
 DEFAULT_NGRAM_TOP_K = _DRAFT.ngram_top_k or 0
 DEFAULT_PARTIAL_BUDGET = _DRAFT.partial_budget or 0
 DEFAULT_LOOKUP = _DRAFT.lookup_length or 0
-
-
-def program_name() -> str:
-    """How the user ran this tool, so that a printed command works when pasted: `.venv/bin/tokenswift`
-    where the tool is not on PATH, `python -m tokenswift_cli` for the module."""
-    import shlex
-    import shutil
-    import sys
-    from pathlib import Path
-
-    invoked = sys.argv[0] if sys.argv else ""
-    if Path(invoked).name == "__main__.py" and Path(invoked).parent.name == "tokenswift_cli":
-        return f"{shlex.quote(sys.executable)} -m tokenswift_cli"
-    if Path(invoked).name != "tokenswift":  # called from Python (tests, the library): the usual name
-        return "tokenswift"
-    on_path = shutil.which("tokenswift")
-    same = on_path is not None and Path(on_path).resolve() == Path(invoked).resolve()
-    return "tokenswift" if same else shlex.quote(invoked)

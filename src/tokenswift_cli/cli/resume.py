@@ -6,6 +6,7 @@ import typer
 
 from tokenswift_cli.cli.errors import errors
 from tokenswift_cli.cli.help import Command
+from tokenswift_cli.cli.invocation import program_name
 from tokenswift_cli.cli.options import (
     DEFAULT_CHECKPOINT_EVERY,
     CheckpointEveryOpt,
@@ -15,7 +16,6 @@ from tokenswift_cli.cli.options import (
     RunArg,
     RunsDirOpt,
     ThreadsOpt,
-    program_name,
 )
 from tokenswift_cli.parsing import parse_tokens
 

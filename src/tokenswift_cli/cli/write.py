@@ -12,6 +12,7 @@ import typer
 
 from tokenswift_cli.cli.errors import errors
 from tokenswift_cli.cli.help import Command
+from tokenswift_cli.cli.invocation import program_name
 from tokenswift_cli.cli.options import (
     DEFAULT_CHECKPOINT_EVERY,
     DEFAULT_LOOKUP,
@@ -62,7 +63,6 @@ from tokenswift_cli.cli.options import (
     WeightsOpt,
     XtcOpt,
     XtcThresholdOpt,
-    program_name,
 )
 from tokenswift_cli.config import (
     DEFAULT_SINKS,

@@ -88,13 +88,14 @@ def drop_pages(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
     first, last = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
-    if last <= first or not any(lo <= first and last <= hi for lo, hi in ranges) or _libc() is None:
+    if last <= first or not any(lo <= first and last <= hi for lo, hi in ranges) or libc() is None:
         return False
-    return _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) == 0
+    return libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) == 0
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL | None:
+def libc() -> ctypes.CDLL | None:
+    """The C library (found once: `find_library` runs `ldconfig`), or None where there is none."""
     name = ctypes.util.find_library("c")
     try:
         return ctypes.CDLL(name, use_errno=True) if name else None
@@ -114,9 +115,9 @@ def give_back_large_blocks() -> None:
     resident set (benchmarks/record/performance.md). Fixing it costs nothing measurable: a step's own
     temporaries are smaller.
     """
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)
+    c_library = libc()
+    if c_library is not None and hasattr(c_library, "mallopt"):
+        c_library.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)
 
 
 def trim() -> None:
@@ -124,6 +125,6 @@ def trim() -> None:
 
     Loading and prefilling free ~100-200 MiB of temporaries that glibc would otherwise keep for good.
     """
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    c_library = libc()
+    if c_library is not None and hasattr(c_library, "malloc_trim"):
+        c_library.malloc_trim(0)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tokenswift_cli import __version__
-from tokenswift_cli.backends.cpu import int4
+from tokenswift_cli.backends.cpu import int4, kernels
 from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
 from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
 from tokenswift_cli.model import memory
@@ -225,6 +225,19 @@ def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: RunModel)
         raise CheckpointError(f"{name} was written with other draft heads: {settings['heads']['path']} has changed")
 
 
+def _start_programs_before_locking(run_dir: Path) -> None:
+    """Run now what starts other programs once a process (`ldconfig` to find libc; on a CPU, the
+    kernels' compiler and ninja checks): a program starting while the run's lock is held holds the lock
+    too until it execs, so a resume killed in that moment would leave the run looking like it was running."""
+    memory.libc()
+    try:
+        recorded = (runs.read_settings(run_dir).get("device") or {}).get("type")
+    except runs.RunError:
+        return  # the checks under the lock say what is wrong
+    if recorded == "cpu" or recorded is None and not torch.cuda.is_available():
+        kernels.available()
+
+
 def _check_device_here(run_dir: Path, settings: dict[str, Any]) -> None:
     recorded = settings.get("device")  # (runs written before 2026-11-27 record none)
     if recorded is not None and recorded["type"] == "cuda" and not torch.cuda.is_available():
@@ -267,6 +280,7 @@ def resume(
     """Continue a run to its target (`tokens` raises it); only the new text goes to stdout."""
     run_dir = runs.resolve_run(runs.runs_root(runs_dir), run)
     output.check()
+    _start_programs_before_locking(run_dir)
     with RunLock(run_dir):
         # Every check (settings, checksums, fingerprints) comes before the first write to the run.
         settings = runs.read_settings(run_dir)
