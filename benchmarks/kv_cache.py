@@ -1,11 +1,12 @@
-"""A step of the embedded 4-bit model over a float32 and a float16 KV cache, interleaved in one process.
+"""A step of the embedded 4-bit model over a float32, a float16 and an 8-bit KV cache, taking turns in one process.
 
     python benchmarks/kv_cache.py --contexts 8192,32768 --window 0 --threads 1 --out kv-cache.json
 
-Prefills the first N tokens of a book once (float32 storage), copies the cache into float16 storage
-(rounded as a run would store it), then times, alternately on each cache, a plain step (one token and
-its logits) and a forward of --nodes chained tokens (a tree's verification). Prints the median
-milliseconds, the ratios, the cache's bytes, and writes them as JSON.
+Prefills the first N tokens of a book once (float32 storage), copies the cache into float16 and 8-bit
+storage (rounded as a run would store it: `--kv-cache float16`, `int8`), then times, taking turns on
+each cache, a plain step (one token and its logits) and a forward of --nodes chained tokens (a tree's
+verification). Prints the median milliseconds, the ratios to float16 (the default), the cache's bytes,
+and writes them as JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from tokenswift_cli.config import ContextWindow, ModelSpec, RunConfig
 from tokenswift_cli.data import DEFAULT_TEXT
 from tokenswift_cli.engine.state import full_capacity, prefill
+from tokenswift_cli.model import kv_rows
 from tokenswift_cli.model.cache import FullCache
 from tokenswift_cli.model.loading import load_model
 from tokenswift_cli.model.target import Target
@@ -28,9 +30,12 @@ from tokenswift_cli.model.target import Target
 BOOK = DEFAULT_TEXT
 
 
-def narrowed(full: FullCache, cfg: RunConfig, prefix: int) -> FullCache:
-    """A copy of `full` stored in float16, with the same capacity and window."""
-    copy = FullCache(len(full.layer_list), full_capacity(cfg, prefix), window=full.window, dtype=torch.float16)
+STORAGES = {"float32": torch.float32, "float16": torch.float16, "int8": kv_rows.STORAGE}
+
+
+def narrowed(full: FullCache, cfg: RunConfig, prefix: int, dtype: torch.dtype) -> FullCache:
+    """A copy of `full` stored in `dtype`, with the same capacity and window."""
+    copy = FullCache(len(full.layer_list), full_capacity(cfg, prefix), window=full.window, dtype=dtype)
     for start, end in full.held():
         if start > copy.length:
             copy.skip_to(start)
@@ -46,7 +51,10 @@ def cache_bytes(full: FullCache) -> int:
 def measure(target: Target, tokens: list[int], window: ContextWindow | None, nodes: int, repeats: int) -> dict:
     cfg = RunConfig(max_new_tokens=64, mode="plain", window=window, kv_cache="model")
     state = prefill(target, tokens, cfg)
-    caches = {"float32": state.full, "float16": narrowed(state.full, cfg, len(tokens))}
+    caches = {
+        name: state.full if dtype == torch.float32 else narrowed(state.full, cfg, len(tokens), dtype)
+        for name, dtype in STORAGES.items()
+    }
     chain = torch.tensor(tokens[-nodes:])
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(repeats):
@@ -82,14 +90,15 @@ def main() -> None:
     window = ContextWindow(size=args.window) if args.window else None
     results = []
     print(f"{args.threads} thread(s), window {args.window or 'none'}: median ms per forward (+ logits)")
-    print("| context | rows | float32 KV | float16 KV | ratio |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| context | rows | float32 KV | float16 KV | int8 KV | float16 / float32 | int8 / float16 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for context in (int(c) for c in args.contexts.split(",")):
         result = measure(target, book[:context], window, args.nodes, args.repeats)
         results.append(result)
         for rows in (1, args.nodes):
-            wide, narrow = result["median_ms"][f"float32 x{rows}"], result["median_ms"][f"float16 x{rows}"]
-            print(f"| {context} | {rows} | {wide:.1f} | {narrow:.1f} | {wide / narrow:.2f}x |", flush=True)
+            wide, narrow, q8 = (result["median_ms"][f"{name} x{rows}"] for name in STORAGES)
+            ratios = f"{narrow / wide:.3f} | {q8 / narrow:.3f}"
+            print(f"| {context} | {rows} | {wide:.1f} | {narrow:.1f} | {q8:.1f} | {ratios} |", flush=True)
         print(f"cache at {context}: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in result["cache_mib"].items()))
     if args.out:
         args.out.write_text(json.dumps({"threads": args.threads, "nodes": args.nodes, "results": results}, indent=1))

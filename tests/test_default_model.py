@@ -94,8 +94,26 @@ def test_write_with_every_default_equals_plain_mode() -> None:
     assert texts["tokenswift"] == texts["plain"] and len(texts["plain"]) > 200
 
 
-def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
-    """The users' path (4-bit weights, the C++ decoder layers) against the Python layers, on the real model."""
+def test_an_8bit_cache_run_stopped_and_resumed_writes_the_uninterrupted_text() -> None:
+    """`--kv-cache int8` through checkpoints: the rows and their scales saved, restored, recorded as int8."""
+    from cli_helpers import cli
+
+    common = ("--prefix", PROMPT, "--kv-cache", "int8", "--checkpoint-every", 16, "-q", "--threads", 1)
+    whole = cli("write", *common, "--tokens", 80)
+    assert whole.exit_code == 0, whole.output
+    first = cli("write", *common, "--tokens", 40)
+    assert first.exit_code == 0, first.output
+    run = sorted(Path(os.environ["TOKENSWIFT_HOME"], "runs").glob("run-*"))[-1]
+    assert json.loads((run / "checkpoint" / "manifest.json").read_text())["kv"]["dtype"] == "int8"
+    resumed = cli("resume", run.name, "--tokens", 80, "-q", "--threads", 1)
+    assert resumed.exit_code == 0, resumed.output
+    assert first.stdout + resumed.stdout == whole.stdout and len(whole.stdout) > 150
+
+
+@pytest.mark.parametrize("kv_cache", ["float16", "int8"])
+def test_4bit_layers_in_cpp_and_in_python_write_the_same_text(kv_cache: str) -> None:
+    """The users' path (4-bit weights, the C++ decoder layers) against the Python layers, on the real model,
+    with the cache in float16 ("auto") or in 8 bits (`--kv-cache int8`); drafts from the partial cache."""
     from tokenswift_cli.config import ContextWindow
     from tokenswift_cli.model.heads import load_heads, shipped_heads
     from tokenswift_cli.runs.run_model import with_scripts_filter
@@ -112,8 +130,8 @@ def test_4bit_layers_in_cpp_and_in_python_write_the_same_text() -> None:
     sampling = with_scripts_filter(
         EMBEDDED, loaded.tokenizer, loaded.model.config.vocab_size, prefix=PROMPT.read_text()
     )
-    # float16 storage, as "auto" gives the C++ layers, for the Python layers too
-    cfg = RunConfig(max_new_tokens=160, sampling=sampling, window=ContextWindow(size=124), kv_cache="float16")
+    # the same storage for the Python layers as for the C++ ones
+    cfg = RunConfig(max_new_tokens=160, sampling=sampling, window=ContextWindow(size=124), kv_cache=kv_cache)  # type: ignore[arg-type]
     fast, _ = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig().drafting("pass")))
     plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
     target.backend.native = None

@@ -40,18 +40,24 @@ def _model(kind: str) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("kind", ["llama-mha", "llama-gqa", "qwen2"])
+STORED_AS = {"model": torch.float32, "float16": torch.float16, "int8": torch.uint8}  # int8: packed rows
+# int8 rows come in groups of 32 values: the tiny qwen2's head size (the llama ones have 16)
+KINDS_AND_STORAGE = [(k, c) for k in ("llama-mha", "llama-gqa", "qwen2") for c in ("model", "float16")] + [
+    ("qwen2", "int8")
+]
+
+
+@pytest.mark.parametrize(("kind", "kv_cache"), KINDS_AND_STORAGE)
 @pytest.mark.parametrize("window", [None, ContextWindow(size=64, sinks=4)], ids=["full", "window"])
-@pytest.mark.parametrize("kv_cache", ["model", "float16"])
 def test_native_decoder_gives_the_python_forwards_bits(kind: str, window: ContextWindow | None, kv_cache: str) -> None:
-    """Outputs, captured queries and the keys/values written (float16: rounded alike) are the same bits."""
+    """Outputs, captured queries and the keys/values written (float16, int8: rounded alike) are the same bits."""
     target = Target(_model(kind))
     native = target.native
     assert native is not None
     cfg = RunConfig(max_new_tokens=8, mode="plain", window=window, kv_cache=kv_cache)  # type: ignore[arg-type]
     state = prefill(target, random_prompt(150), cfg)
     cache = state.full
-    assert cache.layer_list[0].keys.dtype == (torch.float16 if kv_cache == "float16" else torch.float32)
+    assert cache.layer_list[0].keys.dtype == STORED_AS[kv_cache]
     chain = torch.tensor(random_prompt(3, seed=4))
     for tokens, depths, mask in ((chain[:1], None, None), (TREE.tokens, TREE.depths, TREE.mask)):
         results = []
@@ -67,7 +73,9 @@ def test_native_decoder_gives_the_python_forwards_bits(kind: str, window: Contex
             assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize(("kind", "kv_cache"), [("llama-gqa", "auto"), ("qwen2", "auto"), ("qwen2", "model")])
+@pytest.mark.parametrize(
+    ("kind", "kv_cache"), [("llama-gqa", "auto"), ("qwen2", "auto"), ("qwen2", "model"), ("qwen2", "int8")]
+)
 def test_tokenswift_equals_plain_through_the_native_decoder(kind: str, kv_cache: str) -> None:
     target = Target(_model(kind))
     assert target.native is not None
@@ -87,6 +95,13 @@ def test_float16_storage_is_refused_for_a_model_computing_in_bfloat16() -> None:
     model = AutoModelForCausalLM.from_config(tiny_config("qwen2")).to(torch.bfloat16)
     with pytest.raises(ConfigError, match="float16 KV cache is for models computing in float32"):
         kv_storage(RunConfig(max_new_tokens=1, kv_cache="float16"), Target(model))
+    with pytest.raises(ConfigError, match="int8 KV cache is for models computing in float32"):
+        kv_storage(RunConfig(max_new_tokens=1, kv_cache="int8"), Target(model))
+
+
+def test_int8_storage_is_refused_for_heads_not_in_groups_of_32() -> None:
+    with pytest.raises(ConfigError, match="multiple of 32, not 16"):
+        kv_storage(RunConfig(max_new_tokens=1, kv_cache="int8"), Target(_model("llama-mha")))
 
 
 def test_single_token_forward_over_float16_reads_it_in_place(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -8,6 +8,7 @@ import torch
 
 from tokenswift_cli.backends.cpu import row_attention as ra
 from tokenswift_cli.engine.tree import build_tree
+from tokenswift_cli.model import kv_rows
 
 pytestmark = pytest.mark.skipif(not ra.available(), reason="no C++ compiler for the kernel")
 TREE = build_tree(0, [(1, 2, 3), (4, 5), (6, 7)])  # 1 + 3 + 6 + 12 nodes, depth 3
@@ -65,11 +66,13 @@ def test_row_attention_computes_attention(committed: int, window: int | None, fi
 
 @pytest.mark.parametrize(("committed", "window", "first_recent"), CASES)
 @pytest.mark.parametrize(("threads", "dim", "storage"), [(1, 64, "float32"), (2, 64, "float32"), (1, 32, "float32"),
-                                                        (2, 64, "float16"), (1, 32, "float16")])  # fmt: skip
+                                                        (2, 64, "float16"), (1, 32, "float16"), (2, 64, "int8"),
+                                                        (1, 32, "int8")])  # fmt: skip
 def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone(
     committed: int, window: int | None, first_recent: int, threads: int, dim: int, storage: str
 ) -> None:
-    """Also from a float16 cache, which a tree's many rows read through widened copies, a plain step directly."""
+    """Also from a float16 cache, which a tree's many rows read through widened copies, a plain step directly,
+    and from 8-bit rows."""
     _assert_tree_rows_decode_alike(committed, window, first_recent, threads, dim, storage)
 
 
@@ -80,11 +83,15 @@ def test_a_tree_row_gets_the_bits_of_the_same_token_decoded_alone_with_many_kept
     _assert_tree_rows_decode_alike(committed, window, first_recent, 2, 64, "float16", kept=kept)
 
 
+def _stored(x: torch.Tensor, storage: str) -> torch.Tensor:
+    return kv_rows.pack(x) if storage == "int8" else x.to(getattr(torch, storage))
+
+
 def _assert_tree_rows_decode_alike(
     committed: int, window: int | None, first_recent: int, threads: int, dim: int, storage: str, kept: int = 4
 ) -> None:
     query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=committed, dim=dim, kept=kept)
-    keys, values = keys.to(getattr(torch, storage)), values.to(getattr(torch, storage))
+    keys, values = _stored(keys, storage), _stored(values, storage)
     first_recent = first_recent or sinks
     positions = committed + TREE.depths
     common = {"window": window, "sinks": sinks, "first_recent": first_recent, "block": 64}
@@ -144,6 +151,29 @@ def test_a_float16_cache_reads_as_its_values_widened(
     got = ra.row_attention(query, keys, values, layout, scaling=0.2, sink_query=sink_query)
     widened = ra.row_attention(query, keys.float(), values.float(), layout, scaling=0.2, sink_query=sink_query)
     assert got.dtype == torch.float32 and torch.equal(got, widened)
+
+
+@pytest.mark.parametrize(("committed", "window", "first_recent"), CASES)
+@pytest.mark.parametrize(("dim", "rows"), [(64, TREE.size), (32, TREE.size), (64, 1)])
+def test_an_8bit_cache_reads_as_its_rows_widened(
+    committed: int, window: int | None, first_recent: int, dim: int, rows: int
+) -> None:
+    """8-bit rows with their scales (kv_rows.py): the bits of the same rows widened by `kv_rows.unpack`,
+    for a tree's rows (transposed tiles) and a plain step's one."""
+    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=5, dim=dim)
+    keys, values = kv_rows.pack(keys), kv_rows.pack(values)
+    common = {"window": window, "sinks": sinks, "first_recent": first_recent or sinks, "block": 64}
+    if rows == 1:
+        layout = ra.RowLayout.build(torch.tensor([committed]), committed, None, **common)
+        query, keys, values = query[:, :, :1], keys[:, :, : layout.stored + 1], values[:, :, : layout.stored + 1]
+        sink_query = sink_query[:, :, :1] if sink_query is not None else None
+    else:
+        layout = ra.RowLayout.build(committed + TREE.depths, committed, TREE.mask, **common)
+    got = ra.row_attention(query, keys, values, layout, scaling=0.2, sink_query=sink_query)
+    widened = ra.row_attention(
+        query, kv_rows.unpack(keys), kv_rows.unpack(values), layout, scaling=0.2, sink_query=sink_query
+    )
+    assert torch.equal(got, widened)
 
 
 @pytest.mark.parametrize("family", ["llama-mha", "qwen2"])  # head size 16: the kernel's

@@ -24,8 +24,8 @@ DraftSource = Literal["pass", "verify", "ngram", "lookup"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
 Weights = Literal["auto", "dense", "int4"]
-KVCache = Literal["auto", "model", "float16"]
-KV_CACHES = ("auto", "model", "float16")
+KVCache = Literal["auto", "model", "float16", "int8"]
+KV_CACHES = ("auto", "model", "float16", "int8")
 DRAFT_SOURCES = ("pass", "verify", "ngram", "lookup")
 DRAFT_CHOICES = ("auto", *DRAFT_SOURCES)
 
@@ -240,7 +240,8 @@ class RunConfig:
     (`AutoWindow` must be resolved, by `run_model.fit_window`, before the run starts).
 
     `kv_cache` is how the full cache stores keys and values: "model" as the model computes them,
-    "float16" rounded to float16 (for a float32 model; half the bytes a step reads), "auto" float16
+    "float16" rounded to float16 (for a float32 model; half the bytes a step reads), "int8" in 8 bits
+    with a float32 scale per 32 values (`model/kv_rows.py`; CPU, 0.56x float16's bytes), "auto" float16
     where the native CPU decoder reads it (`state.kv_storage`). Part of the target model, like the
     window: plain and accelerated decoding store alike."""
 

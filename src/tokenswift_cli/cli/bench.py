@@ -50,7 +50,7 @@ _HELP_WINDOW = (
     "--sampling greedy (generate() attends to everything)."
 )
 _HELP_KV = (
-    "The engine's KV cache storage: auto, model or float16. Default: auto (as write), model under "
+    "The engine's KV cache storage: auto, model, float16 or int8. Default: auto (as write), model under "
     "--sampling greedy (as generate() stores it)."
 )
 

@@ -12,7 +12,7 @@ from tokenswift_cli.engine.lookup import TextLookup
 from tokenswift_cli.engine.metrics import Stats
 from tokenswift_cli.engine.ngram import NGramTable
 from tokenswift_cli.engine.verify import Acceptance
-from tokenswift_cli.model import memory
+from tokenswift_cli.model import kv_rows, memory
 from tokenswift_cli.model.cache import FullCache, PartialCache, _PreallocatedCache
 from tokenswift_cli.model.target import QueryCapture, Target
 from tokenswift_cli.sampling.distribution import choose
@@ -93,7 +93,8 @@ def kv_storage(cfg: RunConfig, target: Target) -> torch.dtype:
 
     "auto" is float16 where the native decoder runs (it reads float16 as fast as the half of the
     bytes it is: at long context a step is bound by them), the model's dtype elsewhere (the torch
-    paths would widen a copy of the cache per forward).
+    paths would widen a copy of the cache per forward). "int8" is `kv_rows.STORAGE`: 8-bit rows with
+    their scales, on a CPU.
     """
     choice = cfg.kv_cache
     if choice == "auto":
@@ -101,7 +102,17 @@ def kv_storage(cfg: RunConfig, target: Target) -> torch.dtype:
     if choice == "model":
         return target.dtype
     if target.dtype != torch.float32:
-        raise ConfigError(f"a float16 KV cache is for models computing in float32, not {target.dtype}")
+        raise ConfigError(f"a {choice} KV cache is for models computing in float32, not {target.dtype}")
+    if choice == "int8":
+        if target.device.type != "cpu":
+            raise ConfigError("an int8 KV cache is for CPU runs (the GPU kernels read float caches)")
+        config = target.model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if head_dim % kv_rows.GROUP:
+            raise ConfigError(
+                f"an int8 KV cache needs a head size that is a multiple of {kv_rows.GROUP}, not {head_dim}"
+            )
+        return kv_rows.STORAGE
     return torch.float16
 
 

@@ -10,8 +10,9 @@ only: positions that no later token can see are dropped (`FullCache.evict`), in 
 `length` always counts positions of the text; `stored` counts the rows held.
 
 The full cache may store its keys and values in a narrower dtype than the model computes in
-(float16 for a float32 model: half the bytes a step reads at long context). Writes round to it;
-readers widen what they read, which is exact, so every path sees the same numbers.
+(float16 for a float32 model: half the bytes a step reads at long context), or in 8 bits, each row
+packed with its scales (`kv_rows.py`). Writes round to it; readers widen what they read, the same
+way on every path, so every path sees the same numbers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from tokenswift_cli.backends.transfer import upload
 from tokenswift_cli.config import ContextWindow
+from tokenswift_cli.model import kv_rows
 
 
 class PreallocatedLayer(CacheLayerMixin):
@@ -40,11 +42,19 @@ class PreallocatedLayer(CacheLayerMixin):
         """Committed positions held in the buffers."""
         return self.length - self.dropped
 
+    @property
+    def packed(self) -> bool:
+        """Whether rows are stored in 8 bits with their scales (`kv_rows.py`)."""
+        return self.dtype == kv_rows.STORAGE
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, dim = key_states.shape
-        dtype = self.dtype or key_states.dtype
+        value_dim = value_states.shape[-1]
+        if self.packed and key_states.dtype != kv_rows.PACKED:  # rows as computed: their packed width
+            dim, value_dim = kv_rows.packed_width(dim), kv_rows.packed_width(value_dim)
+        dtype = kv_rows.PACKED if self.packed else self.dtype or key_states.dtype
         self.keys = key_states.new_empty((batch, heads, self.capacity, dim), dtype=dtype)
-        self.values = value_states.new_empty((batch, heads, self.capacity, value_states.shape[-1]), dtype=dtype)
+        self.values = value_states.new_empty((batch, heads, self.capacity, value_dim), dtype=dtype)
         self.is_initialized = True
 
     def reserve(self, needed: int) -> None:
@@ -67,9 +77,17 @@ class PreallocatedLayer(CacheLayerMixin):
         self.reserve(self.stored + count)
 
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> int:
-        """Store keys/values after the stored rows (rounded to the storage dtype); returns the rows now written."""
+        """Store keys/values after the stored rows (rounded to the storage dtype); returns the rows now written.
+
+        Packed storage takes rows as computed (packed here) or as stored (another cache's, a checkpoint's);
+        float storage takes packed rows widened (the partial cache of an 8-bit full cache)."""
+        if key_states.dtype == kv_rows.PACKED and not self.packed:
+            dtype = self.dtype or torch.float32
+            key_states, value_states = kv_rows.unpack(key_states, dtype), kv_rows.unpack(value_states, dtype)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.packed and key_states.dtype != kv_rows.PACKED:
+            key_states, value_states = kv_rows.pack(key_states), kv_rows.pack(value_states)
         start = self.stored
         end = start + key_states.shape[-2]
         self.reserve(end)
@@ -86,7 +104,7 @@ class PreallocatedLayer(CacheLayerMixin):
         assert self.keys is not None and self.values is not None
         keys, values = self.keys[:, :, :end], self.values[:, :, :end]
         if keys.dtype != key_states.dtype:  # a narrower storage, widened for the caller's arithmetic
-            return keys.to(key_states.dtype), values.to(value_states.dtype)
+            return kv_rows.widened(keys, key_states.dtype), kv_rows.widened(values, value_states.dtype)
         return keys, values
 
     def get_mask_sizes(self, query_length: int, *args: object) -> tuple[int, int]:
@@ -252,7 +270,8 @@ class PartialCache(_PreallocatedCache):
             keys, _ = full.segment(layer_idx, 0, n)
             kv_heads = keys.shape[1]
             grouped = query.view(kv_heads, -1, query.shape[-1])  # [kv_heads, group, head_dim]
-            scores = torch.einsum("kgd,knd->kn", grouped, keys[0, :, self.sinks : self.window_start].to(query.dtype))
+            held = kv_rows.widened(keys[0, :, self.sinks : self.window_start], query.dtype)
+            scores = torch.einsum("kgd,knd->kn", grouped, held)
             top = min(n_selected, scores.shape[-1])
             chosen = scores.topk(top, dim=-1).indices.sort(dim=-1).values + self.sinks  # [kv_heads, top]
             selections.append(chosen)

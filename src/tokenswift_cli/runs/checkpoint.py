@@ -211,6 +211,8 @@ def _never_read_again(entry: dict[str, Any], state: GenerationState) -> bool:
 
 
 def _kv_shape(state: GenerationState) -> dict[str, Any]:
+    from tokenswift_cli.model import kv_rows
+
     layer = state.full.layer_list[0]
     keys = layer.keys
     if keys is None:
@@ -218,8 +220,8 @@ def _kv_shape(state: GenerationState) -> dict[str, Any]:
     return {
         "layers": len(state.full.layer_list),
         "kv_heads": keys.shape[1],
-        "head_dim": keys.shape[-1],
-        "dtype": str(keys.dtype).removeprefix("torch."),
+        "head_dim": kv_rows.value_width(keys.shape[-1]) if layer.packed else keys.shape[-1],
+        "dtype": str(layer.dtype or keys.dtype).removeprefix("torch."),  # int8: packed rows (kv_rows.py)
         "length": state.full.length,
     }
 

@@ -158,9 +158,10 @@ def _fit_auto(
 
 def fit_kv_cache(config: RunConfig, target: Target) -> RunConfig:
     """`config` with "auto" KV storage resolved, so that the run's settings record what it stores."""
+    storage = kv_storage(config, target)  # a storage this model cannot take says so before the run starts
     if config.kv_cache != "auto":
         return config
-    return config.replace(kv_cache="model" if kv_storage(config, target) == target.dtype else "float16")
+    return config.replace(kv_cache="model" if storage == target.dtype else "float16")
 
 
 def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:

@@ -8,8 +8,11 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
@@ -92,17 +95,43 @@ inline void rotate(const float* x, const float* cos, const float* sin, float* ou
 }
 
 // A key or value row into the cache: float32 as computed, or float16 rounded to nearest even, as
-// torch's `copy_` rounds (the Python forward's cache writes).
+// torch's `copy_` rounds (the Python forward's cache writes), or 8-bit (below).
 template <typename T>
 inline void put(const float* x, T* out, int64_t dim) {
   for (int64_t i = 0; i < dim; ++i) out[i] = static_cast<T>(x[i]);
+}
+
+// An 8-bit row (kv_rows.pack): per 32 values the scale s = max |x| / 127 and the levels round(x / s) (to
+// nearest even, as torch.round), clamped to +-127; the row's levels, then its float32 scales.
+struct Q8Row {
+  uint8_t byte;
+};
+inline void put(const float* x, Q8Row* out, int64_t dim) {
+  constexpr int64_t group = 32;
+  int8_t* levels = reinterpret_cast<int8_t*>(out);
+  for (int64_t g = 0; g < dim / group; ++g) {
+    float top = 0.f;
+    for (int64_t i = g * group; i < (g + 1) * group; ++i) top = std::max(top, std::fabs(x[i]));
+    const float scale = top / 127.f, divisor = scale > 0.f ? scale : 1.f;
+    for (int64_t i = g * group; i < (g + 1) * group; ++i)
+      levels[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / divisor), -127.f, 127.f));
+    std::memcpy(levels + dim + g * static_cast<int64_t>(sizeof(float)), &scale, sizeof(float));
+  }
+}
+
+template <typename T>
+T* rows_of(const at::Tensor& cache) {
+  if constexpr (std::is_same_v<T, Q8Row>)
+    return reinterpret_cast<Q8Row*>(cache.data_ptr<uint8_t>());
+  else
+    return cache.data_ptr<T>();
 }
 
 template <typename T>
 void write_kv(const float* row, const float* cos, const float* sin, const at::Tensor& k_cache, const at::Tensor& v_cache,
               int64_t position, int64_t kv_heads, int64_t dim, int64_t q_width) {
   float rotated[256];
-  T *ko = k_cache.data_ptr<T>(), *vo = v_cache.data_ptr<T>();
+  T *ko = rows_of<T>(k_cache), *vo = rows_of<T>(v_cache);
   for (int64_t h = 0; h < kv_heads; ++h) {
     rotate(row + q_width + h * dim, cos, sin, rotated, dim);
     put(rotated, ko + h * k_cache.stride(0) + position * k_cache.stride(1), dim);
@@ -154,8 +183,9 @@ struct Decoder {
       const at::Tensor& v_cache = values[index];
       TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1 && k_cache.size(1) >= stored + rows);
       TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && dim <= 256);
-      const bool half = k_cache.scalar_type() == at::kHalf;
-      TORCH_CHECK(half || k_cache.scalar_type() == at::kFloat, "a float32 or float16 cache");
+      const at::ScalarType stored_as = k_cache.scalar_type();
+      TORCH_CHECK(stored_as == at::kHalf || stored_as == at::kFloat || (stored_as == at::kByte && dim % 32 == 0),
+                  "a float32, float16 or 8-bit cache");
       const float* p = projected.data_ptr<float>();
       float *qo = query.data_ptr<float>(), *sqo = sink_query.data_ptr<float>();
       for (int64_t r = 0; r < rows; ++r) {
@@ -164,8 +194,10 @@ struct Decoder {
           rotate(row + h * dim, c + r * dim, s + r * dim, qo + (r * heads + h) * dim, dim);
           if (sink_queries) rotate(row + h * dim, sc + r * dim, ss + r * dim, sqo + (r * heads + h) * dim, dim);
         }
-        if (half)
+        if (stored_as == at::kHalf)
           write_kv<c10::Half>(row, c + r * dim, s + r * dim, k_cache, v_cache, stored + r, kv_heads, dim, q_width);
+        else if (stored_as == at::kByte)
+          write_kv<Q8Row>(row, c + r * dim, s + r * dim, k_cache, v_cache, stored + r, kv_heads, dim, q_width);
         else
           write_kv<float>(row, c + r * dim, s + r * dim, k_cache, v_cache, stored + r, kv_heads, dim, q_width);
       }

@@ -15,7 +15,9 @@
 // * products are summed by `fma` (one rounding) or as written: compiled with -ffp-contract=off, the
 //   compiler fuses nothing on its own, so the same sum is the same roundings wherever it is written.
 // The cache may store float16: each key and value is widened to float32 (exactly) before any
-// arithmetic, where it is read or once into a scratch copy; same bits.
+// arithmetic, where it is read or once into a scratch copy; same bits. Or 8-bit rows with their scales
+// (kv_rows.py): widened once into a scratch copy (level * scale in float32, as kv_rows.unpack), then
+// the float32 paths.
 #include <ATen/ATen.h>
 
 #include "parallel.h"
@@ -398,8 +400,37 @@ inline const float* widen(const c10::Half* row, float* out, int64_t dim) {
   return out;
 }
 inline const float* widen(const float* row, float*, int64_t) { return row; }
+
+// A cache row stored in 8 bits (kv_rows.py): `dim` int8 levels, then a float32 scale per 32 of them.
+struct Q8 {
+  int8_t level;
+};
+constexpr int64_t kQ8Group = 32;
+inline const float* widen(const Q8* row, float* out, int64_t dim) {
+  const int8_t* levels = reinterpret_cast<const int8_t*>(row);
+  for (int64_t g = 0; g < dim / kQ8Group; ++g) {
+    float scale;
+    std::memcpy(&scale, levels + dim + g * static_cast<int64_t>(sizeof(float)), sizeof(float));
+    for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) out[i] = static_cast<float>(levels[i]) * scale;
+  }
+  return out;
+}
+
 template <typename T>
 constexpr bool kWidens = !std::is_same_v<T, float>;
+template <typename T>
+constexpr bool kPacked = std::is_same_v<T, Q8>;  // read only through `widen` (no `load` in registers)
+template <typename T>
+constexpr int64_t stored_bytes(int64_t dim) {  // of one cache row
+  return kPacked<T> ? dim + dim / kQ8Group * static_cast<int64_t>(sizeof(float)) : dim * static_cast<int64_t>(sizeof(T));
+}
+template <typename T>
+const T* data(const at::Tensor& t) {
+  if constexpr (kPacked<T>)
+    return reinterpret_cast<const T*>(t.data_ptr<uint8_t>());
+  else
+    return t.data_ptr<T>();
+}
 
 template <typename T>  // the cache's storage: float, or float16 widened as it is read
 struct Layout {
@@ -423,7 +454,7 @@ struct Layout {
 
 template <typename T>  // one thread's scratch for the blocks it computes, kept across calls
 struct Buffers {
-  std::vector<float> scores, keys, values;
+  std::vector<float> scores, keys, values, rows;  // rows: 16 packed keys widened, before their transposition
   Held<T> held;
   Held<float> wide_held;
 };
@@ -449,8 +480,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
                   const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored, int64_t offset,
                   int64_t committed, double scaling, int64_t block) {
   const Layout<T> at{q.size(0), q.size(1), keys.size(0), q.size(1) / keys.size(0), q.size(2), block, sinks, stored,
-                     offset, committed, anc.size(1), q.data_ptr<float>(), sq.data_ptr<float>(), keys.data_ptr<T>(),
-                     values.data_ptr<T>(), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+                     offset, committed, anc.size(1), q.data_ptr<float>(), sq.data_ptr<float>(), data<T>(keys),
+                     data<T>(values), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
                      lowest.data_ptr<int64_t>(), anc.data_ptr<int64_t>()};
   const int64_t rows = at.rows, group = at.group, dim = at.dim, width = rows * group;  // lanes per kv head
   const int64_t chunks = dim / kLanes;
@@ -474,10 +505,16 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
       all_queries[head * 2 * width + lane] = at.q + offset_q;
       all_queries[head * 2 * width + width + lane] = at.sq + offset_q;
     }
+  std::vector<float> wide_key(dim);  // a packed key widened
   for (int64_t head = 0; head < at.kv; ++head)
-    for (int64_t node = 0; node < nodes; ++node)
-      key_dots(at.key(head, stored + node), all_queries.data() + head * 2 * width, width, dim, scale,
-               node_scores.data() + (head * nodes + node) * width, 1);
+    for (int64_t node = 0; node < nodes; ++node) {
+      float* out = node_scores.data() + (head * nodes + node) * width;
+      if constexpr (kPacked<T>)
+        key_dots(widen(at.key(head, stored + node), wide_key.data(), dim), all_queries.data() + head * 2 * width,
+                 width, dim, scale, out, 1);
+      else
+        key_dots(at.key(head, stored + node), all_queries.data() + head * 2 * width, width, dim, scale, out, 1);
+    }
 
   // Per (kv head, block), in one pass while its keys and values are at hand: each lane's scores, their
   // maximum `top`, weights exp(score - top), and the block's weight sum and weighted values (float32).
@@ -493,6 +530,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
     Held<float>& wide_held = mine.wide_held;
     float* scores = scratch(scores_buffer, width * block);  // [lane][position in the block], then the weights
     float* tile = scratch(keys_buffer, kLanes * dim);  // 16 keys widened (exact), row by row or transposed
+    float* rows16 = kPacked<T> ? scratch(mine.rows, kLanes * dim) : nullptr;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       const float* const* queries = all_queries.data() + head * 2 * width;
@@ -509,7 +547,6 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           next_rows = row1 - row0;
         }
       }
-      const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
       for (int64_t j = 0; j < block; j += kLanes) {
         if (kPrefetch && stored > 0) {
           // the next 16 keys, and this block's values for later, while these keys are scored: the reads
@@ -518,7 +555,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           for (int64_t l = 0; l < kLanes; ++l) {
             const char* k = reinterpret_cast<const char*>(at.key(head, std::min(next + l, stored - 1)));
             const char* v = reinterpret_cast<const char*>(at.value(head, std::clamp<int64_t>(these + l, 0, stored - 1)));
-            for (int64_t byte = 0; byte < dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
+            for (int64_t byte = 0; byte < stored_bytes<T>(dim); byte += 64) {
               __builtin_prefetch(k + byte, 0, 3);
               __builtin_prefetch(v + byte, 0, 2);
             }
@@ -527,13 +564,18 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
         if (first + j >= whole_begin && first + j + kLanes <= whole_end) {  // 16 held keys every lane may see
           const T* key0 = at.key(head, first + j - offset);
           if (transposed) {
-            transpose_keys(key0, at.k_pos, tile, chunks);
+            if constexpr (kPacked<T>) {
+              for (int64_t l = 0; l < kLanes; ++l) widen(key0 + l * at.k_pos, rows16 + l * dim, dim);
+              transpose_keys(static_cast<const float*>(rows16), dim, tile, chunks);
+            } else {
+              transpose_keys(key0, at.k_pos, tile, chunks);
+            }
             tile_scores(queries, width, tile, chunks, scale, scores + j, block);
-          } else if (kWidens<T> && width > 1) {  // few lanes: the 16 keys widened once (exact) for all of them
+          } else if (kWidens<T> && (width > 1 || kPacked<T>)) {  // the 16 keys widened once (exact) for all lanes
             const float* keys16[kLanes];
             for (int64_t l = 0; l < kLanes; ++l) keys16[l] = widen(key0 + l * at.k_pos, tile + l * dim, dim);
             for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], keys16, dim, scale, scores + lane * block + j);
-          } else {
+          } else if constexpr (!kPacked<T>) {
             const T* keys16[kLanes];
             for (int64_t l = 0; l < kLanes; ++l) keys16[l] = key0 + l * at.k_pos;
             for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], keys16, dim, scale, scores + lane * block + j);
@@ -544,7 +586,11 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
         for (int64_t l = j; l < j + kLanes; ++l) {
           const int64_t pos = first + l, row = at.shared(pos, min_lowest);
           if (row < 0) continue;
-          key_dots(at.key(head, row), queries + (pos < sinks ? width : 0), width, dim, scale, scores + l, block);
+          if constexpr (kPacked<T>)
+            key_dots(widen(at.key(head, row), tile, dim), queries + (pos < sinks ? width : 0), width, dim, scale,
+                     scores + l, block);
+          else
+            key_dots(at.key(head, row), queries + (pos < sinks ? width : 0), width, dim, scale, scores + l, block);
         }
       }
       float* top = block_top + item * width;
@@ -598,13 +644,14 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
             value_sums_of<0>(lanes, values, w, chunks, out, sum + lane0);
         }
       };
-      if (kWidens<T> && width > kGroup) {  // several passes over the block's values: widen them once (exact)
+      // several passes over the block's values (or packed ones): widen them once (exact)
+      if (kWidens<T> && (width > kGroup || kPacked<T>)) {
         float* widened = scratch(values_buffer, held.size() * dim);
         wide_held.clear();
         for (size_t i = 0; i < held.size(); ++i)
           wide_held.push_back({held[i].first, widen(held[i].second, widened + i * dim, dim)});
         value_lanes(wide_held);
-      } else {
+      } else if constexpr (!kPacked<T>) {
         value_lanes(held);
       }
       for (int64_t lane = 0; lane < width; ++lane) {  // then each row's ancestors, after every held position
@@ -613,7 +660,12 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           const int64_t node = at.anc[r * at.depths + t];
           if (node < 0) continue;
           const float w = weights[lane * block + committed + t - first];
-          const T* v = at.value(head, stored + node);
+          const auto* v = [&] {  // as stored, or a packed one widened
+            if constexpr (kPacked<T>)
+              return widen(at.value(head, stored + node), tile, dim);
+            else
+              return at.value(head, stored + node);
+          }();
           sum[lane] = sum[lane] + w;
           float* out = acc + lane * dim;
           for (int64_t c = 0; c < chunks; ++c) store(out + c * kLanes, fma(splat(w), load(v + c * kLanes), load(out + c * kLanes)));
@@ -658,18 +710,23 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
 }  // namespace
 
 // q, sq: [R, H, D] float32; keys, values: [KV, N, D] (D contiguous), float32 or float16 (computed in
-// float32); lowest: [R] first held cache row each row sees; anc: [R, T] node at each depth of each
+// float32), or [KV, N, D * 9 / 8] uint8: 8-bit rows with their scales (kv_rows.py); lowest: [R] first held cache row each row sees; anc: [R, T] node at each depth of each
 // row's path (-1 past its own depth).
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
                          const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
                          int64_t offset, int64_t committed, double scaling, int64_t block) {
   TORCH_CHECK(q.dtype() == at::kFloat && sq.dtype() == at::kFloat && keys.dtype() == values.dtype() &&
-              (keys.dtype() == at::kFloat || keys.dtype() == at::kHalf));
+              (keys.dtype() == at::kFloat || keys.dtype() == at::kHalf || keys.dtype() == at::kByte));
+  TORCH_CHECK(keys.dtype() != at::kByte || (q.size(2) % kQ8Group == 0 && keys.size(2) == stored_bytes<Q8>(q.size(2)) &&
+                                             values.size(2) == keys.size(2)),
+              "8-bit rows: the head size in groups of 32, each row its levels and float32 scales");
   TORCH_CHECK(q.is_contiguous() && sq.is_contiguous() && keys.stride(2) == 1 && values.stride(2) == 1);
   TORCH_CHECK(lowest.is_contiguous() && anc.is_contiguous() && lowest.dtype() == at::kLong &&
               anc.dtype() == at::kLong);
   TORCH_CHECK(q.size(2) % kLanes == 0 && q.size(2) <= kLanes * kMaxChunks && block % kLanes == 0 && q.size(1) % keys.size(0) == 0);
   if (keys.dtype() == at::kHalf)
     return attend<c10::Half>(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block);
+  if (keys.dtype() == at::kByte)
+    return attend<Q8>(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block);
   return attend<float>(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block);
 }
