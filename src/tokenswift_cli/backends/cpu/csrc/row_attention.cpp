@@ -16,8 +16,8 @@
 //   compiler fuses nothing on its own, so the same sum is the same roundings wherever it is written.
 // The cache may store float16: each key and value is widened to float32 (exactly) before any
 // arithmetic, where it is read or once into a scratch copy; same bits. Or 8-bit rows with their scales
-// (kv_rows.py): widened once into a scratch copy (level * scale in float32, as kv_rows.unpack), then
-// the float32 paths.
+// (kv_rows.py): each value is level * scale in float32 (kv_rows.unpack's arithmetic), computed in
+// registers (`chunk`, values of few lanes) or once into a scratch copy; same bits.
 #include <ATen/ATen.h>
 
 #include "parallel.h"
@@ -44,6 +44,30 @@ using simd::v16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxChunks = 16;  // head dims up to 256
 constexpr int64_t kGroup = 4;  // lanes whose value sums stay in registers together (a0..a3 below)
+
+// A cache row stored in 8 bits (kv_rows.py): `dim` int8 levels, then a float32 scale per 32 of them.
+struct Q8 {
+  int8_t level;
+};
+constexpr int64_t kQ8Group = 32;
+#if defined(SIMD_AVX2)
+constexpr bool kQ8InRegisters = false;  // the AVX2 loops load halves (load2): 8-bit rows are widened first
+#else
+constexpr bool kQ8InRegisters = true;  // chunk() below, in the value sums
+#endif
+
+// Chunk c (16 values) of a row of `chunks` chunks, in float32: as stored, or 8-bit levels times their scale.
+template <typename T>
+inline v16 chunk(const T* row, int64_t c, int64_t) {
+  return load(row + c * kLanes);
+}
+inline v16 chunk(const Q8* row, int64_t c, int64_t chunks) {
+  const int8_t* levels = reinterpret_cast<const int8_t*>(row);
+  float scale;
+  std::memcpy(&scale, levels + chunks * kLanes + c * kLanes / kQ8Group * static_cast<int64_t>(sizeof(float)),
+              sizeof(float));
+  return simd::load_levels(levels + c * kLanes, scale);
+}
 
 #if defined(SIMD_AVX2)
 // fold16's tree on halves (lo = lanes 0-7, hi = 8-15), with AVX2's in-register shuffles: GCC would move
@@ -300,7 +324,7 @@ void value_sums(const Held<T>& held, const float* const* w, int64_t chunks, floa
     v16 a[G][C] = {};
     for (const auto& [j, v] : held) {
       v16 x[C];
-      for (int64_t c = 0; c < C; ++c) x[c] = load(v + c * kLanes);
+      for (int64_t c = 0; c < C; ++c) x[c] = chunk(v, c, C);
       for (int64_t g = 0; g < G; ++g) {
         t[g] = t[g] + w[g][j];
         const v16 b = splat(w[g][j]);
@@ -313,7 +337,7 @@ void value_sums(const Held<T>& held, const float* const* w, int64_t chunks, floa
     for (int64_t c = 0; c < chunks; ++c) {  // one chunk at a time: the same sums, in the same order
       v16 a[G] = {};
       for (const auto& [j, v] : held) {
-        const v16 x = load(v + c * kLanes);
+        const v16 x = chunk(v, c, chunks);
         for (int64_t g = 0; g < G; ++g) {
           if (c == 0) t[g] = t[g] + w[g][j];
           a[g] = fma(splat(w[g][j]), x, a[g]);
@@ -401,17 +425,12 @@ inline const float* widen(const c10::Half* row, float* out, int64_t dim) {
 }
 inline const float* widen(const float* row, float*, int64_t) { return row; }
 
-// A cache row stored in 8 bits (kv_rows.py): `dim` int8 levels, then a float32 scale per 32 of them.
-struct Q8 {
-  int8_t level;
-};
-constexpr int64_t kQ8Group = 32;
 inline const float* widen(const Q8* row, float* out, int64_t dim) {
   const int8_t* levels = reinterpret_cast<const int8_t*>(row);
-  for (int64_t g = 0; g < dim / kQ8Group; ++g) {
+  for (int64_t c = 0; c < dim; c += kLanes) {
     float scale;
-    std::memcpy(&scale, levels + dim + g * static_cast<int64_t>(sizeof(float)), sizeof(float));
-    for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) out[i] = static_cast<float>(levels[i]) * scale;
+    std::memcpy(&scale, levels + dim + c / kQ8Group * static_cast<int64_t>(sizeof(float)), sizeof(float));
+    store(out + c, simd::load_levels(levels + c, scale));
   }
   return out;
 }
@@ -644,14 +663,14 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
             value_sums_of<0>(lanes, values, w, chunks, out, sum + lane0);
         }
       };
-      // several passes over the block's values (or packed ones): widen them once (exact)
-      if (kWidens<T> && (width > kGroup || kPacked<T>)) {
+      // several passes over the block's values (or 8-bit ones read in halves): widen them once (exact)
+      if (kWidens<T> && (width > kGroup || (kPacked<T> && !kQ8InRegisters))) {
         float* widened = scratch(values_buffer, held.size() * dim);
         wide_held.clear();
         for (size_t i = 0; i < held.size(); ++i)
           wide_held.push_back({held[i].first, widen(held[i].second, widened + i * dim, dim)});
         value_lanes(wide_held);
-      } else if constexpr (!kPacked<T>) {
+      } else if constexpr (!kPacked<T> || kQ8InRegisters) {
         value_lanes(held);
       }
       for (int64_t lane = 0; lane < width; ++lane) {  // then each row's ancestors, after every held position

@@ -61,6 +61,24 @@ inline v16 load(const c10::Half* p) {
 #endif
 }
 
+// 16 int8 levels times one scale: each level exactly a float32, then one product per lane (the
+// arithmetic of kv_rows.unpack), so an 8-bit row reads the same on every path.
+inline v16 load_levels(const int8_t* p, float scale) {
+#if defined(__AVX512F__)
+  const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  return reinterpret_cast<v16>(_mm512_mul_ps(x, _mm512_set1_ps(scale)));
+#elif defined(SIMD_AVX2)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256 s = _mm256_set1_ps(scale);
+  return join(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s),
+              _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), s));
+#else
+  v16 x;
+  for (int64_t l = 0; l < kLanes; ++l) x[l] = static_cast<float>(p[l]) * scale;
+  return x;
+#endif
+}
+
 // x in every lane: a plain broadcast (x + v16{} would add +0.0, an instruction, and turn -0.0 into +0.0).
 inline v16 splat(float x) {
 #if defined(SIMD_AVX2)
