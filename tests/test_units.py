@@ -172,6 +172,6 @@ def test_config_validation_messages() -> None:
     cfg = RunConfig(max_new_tokens=5, sampling=SamplingConfig(temperature=1, min_p=0.1), draft=DraftConfig(tree=(1, 2)))
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ConfigError, match="unknown KV cache"):
-        RunConfig(max_new_tokens=5, kv_cache="int8")  # type: ignore[arg-type]
+        RunConfig(max_new_tokens=5, kv_cache="int4")  # type: ignore[arg-type]
     recorded_before_the_option = {k: v for k, v in cfg.to_dict().items() if k != "kv_cache"}
     assert RunConfig.from_dict(recorded_before_the_option).kv_cache == "model"  # what such runs stored
