@@ -102,7 +102,8 @@ def kv_storage(cfg: RunConfig, target: Target) -> torch.dtype:
     if choice == "model":
         return target.dtype
     if target.dtype != torch.float32:
-        raise ConfigError(f"a {choice} KV cache is for models computing in float32, not {target.dtype}")
+        article = "an" if choice == "int8" else "a"
+        raise ConfigError(f"{article} {choice} KV cache is for models computing in float32, not {target.dtype}")
     if choice == "int8":
         if target.device.type != "cpu":
             raise ConfigError("an int8 KV cache is for CPU runs (the GPU kernels read float caches)")
