@@ -143,6 +143,7 @@ def write(
     config = fit_kv_cache(fit_window(config, model, loaded.target, len(prompt)), loaded.target)
     loaded = fit_rope(loaded, model, config.positions_needed(len(prompt)), renderer.note)
     config = bind_scripts(suppress_eos(config, loaded.eos_ids), loaded, prefix)
+    _start_programs_before_locking(loaded.target.device.type)
     run_dir = runs.create_run(root)
     with RunLock(run_dir), _failing_run(run_dir):
         settings = {
@@ -225,16 +226,12 @@ def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: RunModel)
         raise CheckpointError(f"{name} was written with other draft heads: {settings['heads']['path']} has changed")
 
 
-def _start_programs_before_locking(run_dir: Path) -> None:
+def _start_programs_before_locking(device_type: str | None) -> None:
     """Run now what starts other programs once a process (`ldconfig` to find libc; on a CPU, the
     kernels' compiler and ninja checks): a program starting while the run's lock is held holds the lock
-    too until it execs, so a resume killed in that moment would leave the run looking like it was running."""
+    too until it execs, so a run killed in that moment would look like it was still running."""
     memory.libc()
-    try:
-        recorded = (runs.read_settings(run_dir).get("device") or {}).get("type")
-    except runs.RunError:
-        return  # the checks under the lock say what is wrong
-    if recorded == "cpu" or recorded is None and not torch.cuda.is_available():
+    if device_type == "cpu" or device_type is None and not torch.cuda.is_available():
         kernels.available()
 
 
@@ -280,7 +277,7 @@ def resume(
     """Continue a run to its target (`tokens` raises it); only the new text goes to stdout."""
     run_dir = runs.resolve_run(runs.runs_root(runs_dir), run)
     output.check()
-    _start_programs_before_locking(run_dir)
+    _start_programs_before_locking(runs.recorded_device(run_dir))
     with RunLock(run_dir):
         # Every check (settings, checksums, fingerprints) comes before the first write to the run.
         settings = runs.read_settings(run_dir)

@@ -119,6 +119,15 @@ def _status(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def recorded_device(run_dir: Path) -> str | None:
+    """The device type a run recorded (None: none, or settings that cannot be read)."""
+    try:
+        device = read_settings(run_dir).get("device")
+    except RunError:
+        return None
+    return device.get("type") if isinstance(device, dict) else None
+
+
 def recorded_state(run_dir: Path) -> str | None:
     """The state its last writer recorded in status.json (None: none), whether or not it still runs."""
     state = _status(run_dir).get("state")
