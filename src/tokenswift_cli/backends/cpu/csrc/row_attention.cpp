@@ -426,22 +426,25 @@ inline const float* widen(const c10::Half* row, float* out, int64_t dim) {
 inline const float* widen(const float* row, float*, int64_t) { return row; }
 
 inline const float* widen(const Q8* row, float* out, int64_t dim) {
-  const int8_t* levels = reinterpret_cast<const int8_t*>(row);
-  for (int64_t c = 0; c < dim; c += kLanes) {
-    float scale;
-    std::memcpy(&scale, levels + dim + c / kQ8Group * static_cast<int64_t>(sizeof(float)), sizeof(float));
-    store(out + c, simd::load_levels(levels + c, scale));
-  }
+  for (int64_t c = 0; c < dim / kLanes; ++c) store(out + c * kLanes, chunk(row, c, dim / kLanes));
   return out;
 }
 
 template <typename T>
 constexpr bool kWidens = !std::is_same_v<T, float>;
 template <typename T>
-constexpr bool kPacked = std::is_same_v<T, Q8>;  // read only through `widen` (no `load` in registers)
+constexpr bool kPacked = std::is_same_v<T, Q8>;  // read through `widen` or `chunk`, never `load`
 template <typename T>
 constexpr int64_t stored_bytes(int64_t dim) {  // of one cache row
   return kPacked<T> ? dim + dim / kQ8Group * static_cast<int64_t>(sizeof(float)) : dim * static_cast<int64_t>(sizeof(T));
+}
+// A key or value row as the dot products take it: as stored, or an 8-bit one widened into `buffer`.
+template <typename T>
+const auto* readable(const T* row, float* buffer, int64_t dim) {
+  if constexpr (kPacked<T>)
+    return widen(row, buffer, dim);
+  else
+    return row;
 }
 template <typename T>
 const T* data(const at::Tensor& t) {
@@ -451,7 +454,7 @@ const T* data(const at::Tensor& t) {
     return t.data_ptr<T>();
 }
 
-template <typename T>  // the cache's storage: float, or float16 widened as it is read
+template <typename T>  // the cache's storage: float, float16 widened as it is read, or 8-bit rows (Q8)
 struct Layout {
   int64_t rows, heads, kv, group, dim, block, sinks, stored, offset, committed, depths;
   const float *q, *sq;
@@ -526,14 +529,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
     }
   std::vector<float> wide_key(dim);  // a packed key widened
   for (int64_t head = 0; head < at.kv; ++head)
-    for (int64_t node = 0; node < nodes; ++node) {
-      float* out = node_scores.data() + (head * nodes + node) * width;
-      if constexpr (kPacked<T>)
-        key_dots(widen(at.key(head, stored + node), wide_key.data(), dim), all_queries.data() + head * 2 * width,
-                 width, dim, scale, out, 1);
-      else
-        key_dots(at.key(head, stored + node), all_queries.data() + head * 2 * width, width, dim, scale, out, 1);
-    }
+    for (int64_t node = 0; node < nodes; ++node)
+      key_dots(readable(at.key(head, stored + node), wide_key.data(), dim), all_queries.data() + head * 2 * width,
+               width, dim, scale, node_scores.data() + (head * nodes + node) * width, 1);
 
   // Per (kv head, block), in one pass while its keys and values are at hand: each lane's scores, their
   // maximum `top`, weights exp(score - top), and the block's weight sum and weighted values (float32).
@@ -605,11 +603,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
         for (int64_t l = j; l < j + kLanes; ++l) {
           const int64_t pos = first + l, row = at.shared(pos, min_lowest);
           if (row < 0) continue;
-          if constexpr (kPacked<T>)
-            key_dots(widen(at.key(head, row), tile, dim), queries + (pos < sinks ? width : 0), width, dim, scale,
-                     scores + l, block);
-          else
-            key_dots(at.key(head, row), queries + (pos < sinks ? width : 0), width, dim, scale, scores + l, block);
+          key_dots(readable(at.key(head, row), tile, dim), queries + (pos < sinks ? width : 0), width, dim, scale,
+                   scores + l, block);
         }
       }
       float* top = block_top + item * width;
@@ -679,15 +674,10 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           const int64_t node = at.anc[r * at.depths + t];
           if (node < 0) continue;
           const float w = weights[lane * block + committed + t - first];
-          const auto* v = [&] {  // as stored, or a packed one widened
-            if constexpr (kPacked<T>)
-              return widen(at.value(head, stored + node), tile, dim);
-            else
-              return at.value(head, stored + node);
-          }();
+          const T* v = at.value(head, stored + node);
           sum[lane] = sum[lane] + w;
           float* out = acc + lane * dim;
-          for (int64_t c = 0; c < chunks; ++c) store(out + c * kLanes, fma(splat(w), load(v + c * kLanes), load(out + c * kLanes)));
+          for (int64_t c = 0; c < chunks; ++c) store(out + c * kLanes, fma(splat(w), chunk(v, c, chunks), load(out + c * kLanes)));
         }
       }
     }
@@ -729,8 +719,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
 }  // namespace
 
 // q, sq: [R, H, D] float32; keys, values: [KV, N, D] (D contiguous), float32 or float16 (computed in
-// float32), or [KV, N, D * 9 / 8] uint8: 8-bit rows with their scales (kv_rows.py); lowest: [R] first held cache row each row sees; anc: [R, T] node at each depth of each
-// row's path (-1 past its own depth).
+// float32), or [KV, N, D * 9 / 8] uint8: 8-bit rows with their scales (kv_rows.py); lowest: [R] first
+// held cache row each row sees; anc: [R, T] node at each depth of each row's path (-1 past its own depth).
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
                          const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
                          int64_t offset, int64_t committed, double scaling, int64_t block) {
