@@ -278,3 +278,20 @@ def test_suppressed_tokens_are_never_drawn_in_either_mode() -> None:
 def test_empty_text_has_no_perplexity() -> None:
     report = evaluate([], word_tokenizer(), tiny_model("llama-gqa", seed=1), prefix=[1, 2, 3])
     assert (report.tokens, report.nll, report.buckets, report.distinct) == (0, None, (), ())
+
+
+def test_word_distinct_counts_english_and_other_words_per_window() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "clean_distinct.py"
+    spec = importlib.util.spec_from_file_location("clean_distinct", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lexicon = {"the", "sea", "keeper's", "light"}
+    words = ["The", "sea,", "the", "keeper's", "Ethnicreligion;", "light", "xq"] * 1000  # 7,000 words
+    windows = module.word_distinct(" ".join(words), lexicon.__contains__)
+    assert len(windows) == 7_000 // module.WORD_WINDOW
+    english, other = windows[0]
+    assert english == pytest.approx(4 / module.WORD_WINDOW)  # the, sea, keeper's, light: case and commas aside
+    assert other == pytest.approx(2 / module.WORD_WINDOW)  # ethnicreligion, xq
