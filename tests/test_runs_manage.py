@@ -163,3 +163,14 @@ def test_a_preview_with_something_to_keep_stays_resumable(
     stderr = _preview(process, read)
     assert "stdout was closed; resume with:" in stderr and "not kept" not in stderr
     assert json.loads(cli("runs", "--json").stdout)[0]["resumable"]
+
+
+def test_the_groups_runs_dir_counts_for_show_and_rm(tiny_folder: Path, prefix_file: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    _write(tiny_folder, "-p", prefix_file, "--runs-dir", elsewhere)
+    shown = cli("runs", "--runs-dir", elsewhere, "--json", "show", "run-001")
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["path"] == str(elsewhere / "run-001")
+    removed = cli("runs", "--runs-dir", elsewhere, "rm", "run-001", "--yes")
+    assert removed.exit_code == 0, removed.output
+    assert not (elsewhere / "run-001").exists()

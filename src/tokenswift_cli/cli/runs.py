@@ -78,9 +78,11 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
 
 
 @runs_app.command("show", cls=Command, epilog="Example: tokenswift runs show run-003 --json")
-def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
+def runs_show(ctx: typer.Context, run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
     """Show one run's settings, statistics and what is on disk (last checkpoint, tokens, bytes)."""
     from tokenswift_cli.runs import store as runs
+
+    runs_dir, as_json = _or_group(ctx, "runs_dir", runs_dir), _or_group(ctx, "as_json", as_json)
     from tokenswift_cli.runs.drafts import DraftFigures, describe
 
     with errors():
@@ -114,6 +116,13 @@ def runs_show(run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False
         typer.echo(f"{key:>9}  {value}")
 
 
+def _or_group(ctx: typer.Context, name: str, value: Any) -> Any:
+    """A subcommand's option, else the group's: `tokenswift runs --runs-dir D show run-001` means D too."""
+    if value or ctx.parent is None:
+        return value
+    return ctx.parent.params.get(name, value)
+
+
 def _on_disk(report: dict[str, Any]) -> str:
     """The last checkpoint (tokens, bytes) and the text, or why a resume starts from the prefix."""
     disk, saved = report["disk"], report["checkpoint"]
@@ -134,10 +143,12 @@ def _on_disk(report: dict[str, Any]) -> str:
 
 
 @runs_app.command("rm", cls=Command, epilog="Example: tokenswift runs rm run-003 run-004 (--yes: without asking)")
-def runs_rm(runs: RunsArg, yes: YesOpt = False, runs_dir: RunsDirOpt = None) -> None:
+def runs_rm(ctx: typer.Context, runs: RunsArg, yes: YesOpt = False, runs_dir: RunsDirOpt = None) -> None:
     """Delete runs (their checkpoints and text included), after asking."""
     from tokenswift_cli.config import ConfigError
     from tokenswift_cli.runs import store
+
+    runs_dir = _or_group(ctx, "runs_dir", runs_dir)
 
     with errors():
         root = store.runs_root(runs_dir)
