@@ -78,8 +78,10 @@ def main() -> None:
     is_english = english_lexicon()
     tokenizer = load_model(ModelSpec()).tokenizer
     rows = {}
-    print("| run | windows | Distinct-1, -2 | clean windows | Distinct-1, -2 over them | Distinct-1 of words per 5,000: English, other |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    columns = ("run", "windows", "Distinct-1, -2", "clean windows", "Distinct-1, -2 over them",
+               "Distinct-1 of words per 5,000: English, other")  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
+    print("|" + " --- |" * len(columns))
     for run in args.runs:
         row = rows[str(run)] = measure((run / "text.txt").read_text(encoding="utf-8"), tokenizer, is_english)
         shown = ["-" if x is None else f"{x:.3f}" for x in (*row["distinct"], *row["clean_distinct"])]
