@@ -2,8 +2,8 @@
 a degenerate 500-token stretch (`quality.text`), so that garbage (one-off tokens, which raise Distinct-1)
 does not count as variety; and Distinct-1 over words, per window of 5,000 words, English ones (in
 wordfreq's lexicon, the `quality` extra) apart from the rest, so that variety counts in words a reader
-knows, whatever the tokens that spell them. For comparing
-settings on the same seeds (docs/quality.md, issue 43).
+knows, whatever the tokens that spell them. For comparing settings on the same seeds (docs/quality.md,
+issue 43).
 
     pip install -e '.[quality]'   # wordfreq, for the word columns
     python benchmarks/clean_distinct.py RUN_DIR [RUN_DIR ...] [--json OUT]

@@ -81,9 +81,9 @@ def runs_list(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
 def runs_show(ctx: typer.Context, run: RunArg, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
     """Show one run's settings, statistics and what is on disk (last checkpoint, tokens, bytes)."""
     from tokenswift_cli.runs import store as runs
+    from tokenswift_cli.runs.drafts import DraftFigures, describe
 
     runs_dir, as_json = _or_group(ctx, "runs_dir", runs_dir), _or_group(ctx, "as_json", as_json)
-    from tokenswift_cli.runs.drafts import DraftFigures, describe
 
     with errors():
         report = runs.run_report(runs.resolve_run(runs.runs_root(runs_dir), run))
