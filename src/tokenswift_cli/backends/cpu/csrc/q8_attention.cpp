@@ -20,6 +20,7 @@
 #include "simd.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,7 +37,6 @@ using simd::store;
 using simd::v16;
 typedef int32_t i16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
 typedef uint32_t u16 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-typedef uint8_t bytes16 __attribute__((vector_size(kLanes)));
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kGroup = 32;          // values per scale
@@ -46,6 +46,34 @@ constexpr int64_t kLaneGroup = 4;       // lanes whose value sums stay in regist
 const uint8_t kZeroRow[kMaxDim + kMaxDim / kGroup * 4] = {};  // a row that adds nothing (level 0, scale 0)
 
 inline i16 splat_i(int32_t x) { return i16{} + x; }
+
+// 16 bytes widened to 16 int32 lanes, as unsigned or signed bytes; 16 lanes (0..255) narrowed to bytes.
+// (GCC's __builtin_convertvector between these sizes goes byte by byte.)
+inline i16 widen_unsigned(const uint8_t* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<i16>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  i16 x;
+  for (int64_t l = 0; l < kLanes; ++l) x[l] = p[l];
+  return x;
+#endif
+}
+inline i16 widen_signed(const int8_t* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<i16>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  i16 x;
+  for (int64_t l = 0; l < kLanes; ++l) x[l] = p[l];
+  return x;
+#endif
+}
+inline void narrow_unsigned(i16 x, uint8_t* out) {
+#if defined(__AVX512F__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(reinterpret_cast<__m512i>(x)));
+#else
+  for (int64_t l = 0; l < kLanes; ++l) out[l] = static_cast<uint8_t>(x[l]);
+#endif
+}
 
 // Each lane rounded to the nearest integer, ties to even (as std::nearbyint in the default mode).
 inline v16 round_even(v16 x) {
@@ -161,14 +189,37 @@ void score_rows(const uint8_t* const* rows_in, const Query* const* queries, int6
 
 // 4 rows' levels interleaved: quad[c] lane d = the 4 rows' levels of dimension 16c + d, one byte each.
 inline void value_quad(const uint8_t* const* rows, int64_t dim, i16* quad) {
-  for (int64_t c = 0; c < dim / kLanes; ++c) {
-    u16 word = u16{};
-    for (int k = 0; k < 4; ++k) {
-      bytes16 b;
-      std::memcpy(&b, rows[k] + c * kLanes, kLanes);
-      word |= __builtin_convertvector(b, u16) << (8 * k);
+#if defined(__AVX512VBMI__)
+  if (dim % 64 == 0) {  // byte permutes: rows 0 and 1 interleaved, 2 and 3, then the pairs
+    alignas(64) static const auto indices = [] {
+      std::array<std::array<uint8_t, 64>, 6> out{};
+      for (int i = 0; i < 64; ++i) {
+        out[0][i] = static_cast<uint8_t>(i / 2 + (i % 2) * 64);       // dims 0..31 of a and b, alternating
+        out[1][i] = static_cast<uint8_t>(32 + i / 2 + (i % 2) * 64);  // dims 32..63
+      }
+      for (int c = 0; c < 4; ++c)  // dims 16c'..16c'+15 of the pairs (c' = c % 2 within its half)
+        for (int d = 0; d < 16; ++d)
+          for (int k = 0; k < 4; ++k)
+            out[2 + c][4 * d + k] = static_cast<uint8_t>(2 * (16 * (c % 2) + d) + (k % 2) + (k / 2) * 64);
+      return out;
+    }();
+    const __m512i lo = _mm512_load_si512(indices[0].data()), hi = _mm512_load_si512(indices[1].data());
+    for (int64_t cc = 0; cc < dim / 64; ++cc) {
+      const __m512i r0 = _mm512_loadu_si512(rows[0] + cc * 64), r1 = _mm512_loadu_si512(rows[1] + cc * 64);
+      const __m512i r2 = _mm512_loadu_si512(rows[2] + cc * 64), r3 = _mm512_loadu_si512(rows[3] + cc * 64);
+      const __m512i pairs[2][2] = {{_mm512_permutex2var_epi8(r0, lo, r1), _mm512_permutex2var_epi8(r2, lo, r3)},
+                                   {_mm512_permutex2var_epi8(r0, hi, r1), _mm512_permutex2var_epi8(r2, hi, r3)}};
+      for (int c = 0; c < 4; ++c)
+        quad[cc * 4 + c] = reinterpret_cast<i16>(_mm512_permutex2var_epi8(
+            pairs[c / 2][0], _mm512_load_si512(indices[2 + c].data()), pairs[c / 2][1]));
     }
-    quad[c] = reinterpret_cast<i16>(word);
+    return;
+  }
+#endif
+  for (int64_t c = 0; c < dim / kLanes; ++c) {
+    i16 word = widen_unsigned(rows[0] + c * kLanes);
+    for (int k = 1; k < 4; ++k) word |= widen_unsigned(rows[k] + c * kLanes) << (8 * k);
+    quad[c] = word;
   }
 }
 
@@ -255,6 +306,18 @@ at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at:
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       const Query* const* lanes = lanes_of.data() + head * 2 * width;
       for (int64_t j = 0; j < block; j += kLanes) {  // the held positions' scores, 16 at a time
+        if (stored > 0) {
+          // the next 16 keys and values while these are scored (and these values' scales read): the rows
+          // are read in bursts between stretches of arithmetic, each would wait on memory
+          const int64_t next = std::clamp<int64_t>(first + j + kLanes - offset, 0, stored - 1);
+          const int64_t next_end = std::min(next + kLanes, stored);
+          for (const char *p = reinterpret_cast<const char*>(key_row(head, next)),
+                          *e = reinterpret_cast<const char*>(key_row(head, next_end)); p < e; p += 64)
+            __builtin_prefetch(p, 0, 3);
+          for (const char *p = reinterpret_cast<const char*>(value_row(head, next)),
+                          *e = reinterpret_cast<const char*>(value_row(head, next_end)); p < e; p += 64)
+            __builtin_prefetch(p, 0, 3);
+        }
         const uint8_t *held[kLanes] = {}, *held_sinks[kLanes] = {};
         bool any = false, any_sink = false;
         for (int64_t l = 0; l < kLanes; ++l) {
@@ -277,11 +340,11 @@ at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at:
         for (int64_t lane = 0; lane < width; ++lane)
           for (int64_t l = 0; l < kLanes; ++l)
             if (!held[l] && !held_sinks[l]) scores[lane * block + j + l] = kNegInf;
-      }
-      for (int64_t j = 0; j < block; ++j) {  // the held positions' value scales, 0 elsewhere
-        const int64_t pos = first + j, row = pos < committed ? shared(pos) : -1;
-        for (int64_t g = 0; g < groups; ++g)
-          value_scales[g * block + j] = row >= 0 ? scale_of(value_row(head, row), dim, g) : 0.f;
+        for (int64_t l = 0; l < kLanes; ++l) {  // the held positions' value scales, 0 elsewhere
+          const uint8_t* row = held[l] ? held[l] : held_sinks[l];
+          const uint8_t* value = row ? value_row(head, (row - key_row(head, 0)) / k_pos) : kZeroRow;
+          for (int64_t g = 0; g < groups; ++g) value_scales[g * block + j + l] = scale_of(value, dim, g);
+        }
       }
       float* top = block_top.data() + item * width;
       for (int64_t lane = 0; lane < width; ++lane) {
@@ -326,9 +389,7 @@ at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at:
           uint8_t* u = weights + (lane * groups + g) * block;
           for (int64_t j = 0; j < block; j += kLanes) {
             const v16 level = round_even(load(scaled + j) * splat(inverse));
-            const i16 whole = __builtin_convertvector(level < 255.f ? level : splat(255.f), i16);
-            const bytes16 narrow = __builtin_convertvector(whole, bytes16);
-            std::memcpy(u + j, &narrow, kLanes);
+            narrow_unsigned(__builtin_convertvector(level < 255.f ? level : splat(255.f), i16), u + j);
           }
           steps[lane * groups + g] = largest / 255.f;
         }
@@ -361,10 +422,7 @@ at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at:
           const int8_t* levels = reinterpret_cast<const int8_t*>(value_row(head, stored + node));
           for (int64_t c = 0; c < chunks; ++c) {
             const int32_t w = weights[(lane * groups + c * kLanes / kGroup) * block + committed + t - first];
-            typedef int8_t signed16 __attribute__((vector_size(kLanes)));
-            signed16 b;
-            std::memcpy(&b, levels + c * kLanes, kLanes);
-            sums[lane * chunks + c] += __builtin_convertvector(b, i16) * w;
+            sums[lane * chunks + c] += widen_signed(levels + c * kLanes) * w;
           }
         }
         float* acc = block_acc.data() + (item * width + lane) * dim;
