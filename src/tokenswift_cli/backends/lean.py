@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -37,11 +37,6 @@ def supports_lean(model: PreTrainedModel) -> bool:
 
 class Attention(Protocol):
     """How every layer of one forward attends and applies its row-wise modules (worked out once per forward)."""
-
-    @property
-    def reads_storage(self) -> bool:
-        """Whether it takes the cache's rows as stored (float16, 8-bit), not widened to the model's dtype."""
-        ...
 
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A row-wise module (projection, MLP) on `x` `[1, q, features]`."""
@@ -76,7 +71,6 @@ class FastAttention:
     committed: int  # positions of the text before the new tokens
     first_recent: int  # the first position held after the sinks (see `FullCache.first_recent`)
     sink_rotation: Rotation | None  # cos/sin at min(position, window span - 1)
-    reads_storage: ClassVar[bool] = False
 
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return module(x)
@@ -216,8 +210,7 @@ class LeanBackend(Backend):
         if capture is not None:
             capture.queries[attn.layer_idx] = query[0, :, capture.row]  # [heads, d]
         stored = cache.stored
-        # [1, kv_heads, stored + q, d]: widened to the model's dtype, or as stored for a kernel that reads them so
-        keys, values = cache.update_stored(key, value) if attention.reads_storage else cache.update(key, value)
+        keys, values = cache.update(key, value)  # [1, kv_heads, stored + q, d]
         out = attention.attend(raw_query, query, keys, values, stored=stored, scaling=attn.scaling)
         x = x + rows(attn.o_proj, out)
         mlp, hidden = layer.mlp, layer.post_attention_layernorm(x)

@@ -107,12 +107,6 @@ class PreallocatedLayer(CacheLayerMixin):
             return kv_rows.widened(keys, key_states.dtype), kv_rows.widened(values, value_states.dtype)
         return keys, values
 
-    def update_stored(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`write`, then every row written so far as stored (for a reader that widens them itself)."""
-        end = self.write(key_states, value_states)
-        assert self.keys is not None and self.values is not None
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
     def get_mask_sizes(self, query_length: int, *args: object) -> tuple[int, int]:
         return self.stored + query_length, 0
 

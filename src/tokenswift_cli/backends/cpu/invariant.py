@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from transformers import PreTrainedModel
@@ -49,7 +48,6 @@ class ExactAttention:
     """Batch-invariant attention in bfloat16/float16 (`exact_attention.py`), linear layers by fixed rows."""
 
     fast: FastAttention  # this forward's positions, window and sink rotation
-    reads_storage: ClassVar[bool] = False
 
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return exact_rows(module, x)
@@ -100,7 +98,6 @@ class RowKernelAttention(ExactAttention):
     """Batch-invariant float32 attention by the C++ row kernel, its layout worked out once for all layers."""
 
     layout: RowLayout
-    reads_storage: ClassVar[bool] = True  # float16 widened as read; 8-bit rows by integer products
 
     def attend(
         self,
