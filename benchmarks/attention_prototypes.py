@@ -27,6 +27,7 @@ from torch.utils import cpp_extension
 
 from tokenswift_cli.backends.cpu import kernels
 from tokenswift_cli.backends.cpu.row_attention import RowLayout
+from tokenswift_cli.model import kv_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "src/tokenswift_cli/backends/cpu/csrc"
@@ -34,28 +35,27 @@ LAYERS, KV, GROUP, DIM, BLOCK = 30, 3, 3, 64, 256
 
 
 def q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` `[kv, n, 64]` in 8-bit levels (int8) and a float32 scale per 32 values `[kv, n, 2]`."""
-    groups = x.float().unflatten(-1, (2, 32))
-    scale = groups.abs().amax(-1) / 127
-    levels = torch.round(groups / torch.where(scale > 0, scale, 1)[..., None]).clamp(-127, 127)
-    return levels.to(torch.int8).flatten(-2), scale
+    """`x` `[kv, n, 64]` as the engine's 8-bit cache rounds it (kv_rows.pack): levels (int8) and a float32
+    scale per 32 values `[kv, n, 2]`."""
+    packed = kv_rows.pack(x)
+    return packed[..., :DIM].contiguous().view(torch.int8), packed[..., DIM:].contiguous().view(torch.float32)
 
 
-def key_tiles_8bit(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tiles `[kv, n/16, 1024 + 128]` (16 rows of 4 dims x 16 keys, +128; then scales [2][16]) and the levels and scales."""
+def key_tiles_8bit(keys: torch.Tensor) -> torch.Tensor:
+    """Tiles `[kv, n/16, 1024 + 128]`: 16 rows of 4 dims x 16 keys (levels + 128), then the scales [2][16]."""
     kv, n, _ = keys.shape
     levels, scale = q8(keys)
     biased = (levels.view(torch.uint8) ^ 0x80).view(kv, n // 16, 16, 16, 4).permute(0, 1, 3, 2, 4)
     scales = scale.view(kv, n // 16, 16, 2).transpose(-1, -2).contiguous().view(torch.uint8)
-    return torch.cat([biased.reshape(kv, n // 16, -1), scales.reshape(kv, n // 16, -1)], -1).contiguous(), levels, scale
+    return torch.cat([biased.reshape(kv, n // 16, -1), scales.reshape(kv, n // 16, -1)], -1).contiguous()
 
 
-def value_quads_8bit(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Quads `[kv, n/4, 256]` (dim-major, 4 positions a lane), scales `[kv, 2, n]`, and the levels and scales."""
+def value_quads_8bit(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quads `[kv, n/4, 256]` (dim-major, 4 positions a lane) and the scales `[kv, 2, n]`."""
     kv, n, _ = values.shape
     levels, scale = q8(values)
     quads = levels.view(torch.uint8).view(kv, n // 4, 4, DIM).transpose(-1, -2).reshape(kv, n // 4, -1)
-    return quads.contiguous(), scale.transpose(1, 2).contiguous(), levels, scale
+    return quads.contiguous(), scale.transpose(1, 2).contiguous()
 
 
 def bf16_tiles(keys: torch.Tensor) -> torch.Tensor:
@@ -122,20 +122,26 @@ def main() -> None:
     methods: dict[str, Callable[[int], object]] = {
         "float16 cache, float32 arithmetic (the engine)": today,
         "bfloat16 tiles, vdpbf16ps": lambda i: proto.bf16_attend(query[0], tiles[i], pairs[i], scale, BLOCK),
-        "8-bit cache, vpdpbusd": lambda i: proto.i8_attend(query[0], keys8[i][0], values8[i][0], values8[i][1], scale, BLOCK),
+        "8-bit cache, vpdpbusd": lambda i: proto.i8_attend(query[0], keys8[i], *values8[i], scale, BLOCK),
         "read the float16 bytes only": lambda i: proto.touch(tiles[i], pairs[i], BLOCK),
     }  # fmt: skip
     errors: dict[str, float] = {}
     for name, fn in list(methods.items())[:3]:
         errors[name] = statistics.mean(
-            relative(fn(i), reference(query[0], keys16[i], values16[i], scale)) for i in range(LAYERS)  # type: ignore[arg-type]
+            relative(fn(i), reference(query[0], keys16[i], values16[i], scale))  # type: ignore[arg-type]
+            for i in range(LAYERS)
         )
-    dequantised = [(k[1].float().unflatten(-1, (2, 32)) * k[2][..., None]).flatten(-2) for k in keys8]
-    devalued = [(v[2].float().unflatten(-1, (2, 32)) * v[3][..., None]).flatten(-2) for v in values8]
+
+    def eight_bit(x: torch.Tensor) -> torch.Tensor:  # the 8-bit cache's rows, widened
+        return kv_rows.unpack(kv_rows.pack(x))
+
     errors["8-bit cache alone (float64 arithmetic)"] = statistics.mean(
-        relative(reference(query[0], dequantised[i], devalued[i], scale), reference(query[0], keys16[i], values16[i], scale))
+        relative(
+            reference(query[0], eight_bit(keys16[i]), eight_bit(values16[i]), scale),
+            reference(query[0], keys16[i], values16[i], scale),
+        )
         for i in range(LAYERS)
-    )  # fmt: skip
+    )
     for name, error in errors.items():
         print(f"relative error against float64 over the float16 cache: {name}: {error:.2e}")
 
@@ -158,9 +164,11 @@ def main() -> None:
         rows.append(row)
         print(f"{name:48} {row['ms']:6.2f} {row['ratio']:8.3f} {quartiles[0]:5.3f}-{quartiles[2]:5.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    command = (
+        f"python benchmarks/attention_prototypes.py --context {n} --threads {args.threads} --repeats {args.repeats}"
+    )
     args.out.write_text(json.dumps({
-        "command": f"python benchmarks/attention_prototypes.py --context {n} --threads {args.threads} --repeats {args.repeats}",
-        "dpbf16_mismatches_of_1600000": dpbf16, "errors": errors, "rows": rows,
+        "command": command, "dpbf16_mismatches_of_1600000": dpbf16, "errors": errors, "rows": rows,
     }, indent=1))  # fmt: skip
 
 

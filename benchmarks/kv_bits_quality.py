@@ -9,7 +9,8 @@ or in float32. And "q8 arithmetic": that 8-bit cache read by integer dot product
 per block of 256 positions, times the values' scales, in unsigned 8 bits (255 at the block's largest),
 emulated in float64; "q8 dot products" the same with the weights kept in float; "16-bit query" with
 the query in 16 bits per 32 dimensions (16-bit products, vpdpwssd); "two-part query" with the query as
-8-bit levels plus 8-bit levels of what rounding left (in 1/254 of a level). Prints the NLL per text and rounding, writes JSON.
+8-bit levels plus 8-bit levels of what rounding left (in 1/254 of a level). Prints the NLL per text
+and rounding, writes JSON.
 
     python benchmarks/kv_bits_quality.py src/tokenswift_cli/data/texts/britannica-shakespeare-biography.txt \\
         --tokens 12288 --threads 1 --out benchmarks/results/kv-cache/kv-bits-quality.json
@@ -35,9 +36,11 @@ ROUNDINGS = (
     "float32", "float16", "q8, float16 scale", "q8, float32 scale", "q8 dot products", "q8 arithmetic",
     "q8 arithmetic, 16-bit query", "q8 arithmetic, two-part query",
 )  # fmt: skip
-_EMULATED = {  # rounding: (weights in 8 bits, the query's largest level)
-    "q8 dot products": (False, 127), "q8 arithmetic": (True, 127), "q8 arithmetic, 16-bit query": (True, 32767),
-    "q8 arithmetic, two-part query": (True, -127),  # negative: 8 bits, then the remainder in 8 bits more
+_EMULATED = {  # rounding: (weights in 8 bits, the query's largest level, its rest in 8 bits more)
+    "q8 dot products": (False, 127, False),
+    "q8 arithmetic": (True, 127, False),
+    "q8 arithmetic, 16-bit query": (True, 32767, False),
+    "q8 arithmetic, two-part query": (True, 127, True),
 }
 BLOCK = 256
 _chosen = {"rounding": "float32"}
@@ -75,12 +78,13 @@ def q8_arithmetic(
     *,
     weights_in_8_bits: bool = True,
     query_top: int = 127,
+    query_rest: bool = False,
 ) -> torch.Tensor:
     """Causal attention `[b, q, heads, d]` as an 8-bit integer kernel computes it (module docstring)."""
     heads, q_len, k_len = query.shape[1], query.shape[2], key.shape[2]
     repeat = heads // key.shape[1]
-    ql, qs = levels_and_scales(query, abs(query_top))
-    if query_top < 0:  # what rounding left, in 8 bits of 1/254 of a level: two vpdpbusd per key, exact sums
+    ql, qs = levels_and_scales(query, query_top)
+    if query_rest:  # what rounding left, in 8 bits of 1/254 of a level: two vpdpbusd per key, exact sums
         remainder = query.double().unflatten(-1, (-1, 32)) / torch.where(qs > 0, qs, 1) - ql
         ql = ql + torch.round(remainder * 254).clamp(-127, 127) / 254
     kl, ks = levels_and_scales(key.repeat_interleave(repeat, dim=1))
@@ -115,9 +119,12 @@ def q8_arithmetic(
 
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, **kw: Any) -> Any:
     if _chosen["rounding"] in _EMULATED:
-        weights_in_8_bits, query_top = _EMULATED[_chosen["rounding"]]
+        eight_bit_weights, query_top, query_rest = _EMULATED[_chosen["rounding"]]
         scaling = kw.get("scaling") or module.scaling
-        return q8_arithmetic(query, key, value, scaling, weights_in_8_bits=weights_in_8_bits, query_top=query_top), None
+        out = q8_arithmetic(
+            query, key, value, scaling, weights_in_8_bits=eight_bit_weights, query_top=query_top, query_rest=query_rest
+        )
+        return out, None
     return sdpa_attention_forward(module, query, rounded(key), rounded(value), mask, **kw)
 
 
