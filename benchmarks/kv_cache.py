@@ -45,7 +45,9 @@ def narrowed(full: FullCache, cfg: RunConfig, prefix: int, dtype: torch.dtype) -
 
 
 def cache_bytes(full: FullCache) -> int:
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in full.layer_list)  # type: ignore[union-attr]
+    """The rows' bytes, and an 8-bit cache's tiles (the same bits laid out for the kernel)."""
+    rows = sum(layer.keys.nbytes + layer.values.nbytes for layer in full.layer_list)  # type: ignore[union-attr]
+    return rows + sum(tiles[0].nbytes for layer in full.layer_list if (tiles := layer.tiles()) is not None)
 
 
 def measure(target: Target, tokens: list[int], window: ContextWindow | None, nodes: int, repeats: int) -> dict:

@@ -110,6 +110,28 @@ def test_an_8bit_cache_run_stopped_and_resumed_writes_the_uninterrupted_text() -
     assert first.stdout + resumed.stdout == whole.stdout and len(whole.stdout) > 150
 
 
+def test_an_8bit_cache_run_from_before_the_integer_products_says_so_when_resumed() -> None:
+    from cli_helpers import cli
+
+    from tokenswift_cli.model import kv_rows
+
+    first = cli("write", "--prefix", PROMPT, "--kv-cache", "int8", "--checkpoint-every", 16, "-q", "--threads", 1,
+                "--tokens", 24)  # fmt: skip
+    assert first.exit_code == 0, first.output
+    run = sorted(Path(os.environ["TOKENSWIFT_HOME"], "runs").glob("run-*"))[-1]
+    settings = json.loads((run / "settings.json").read_text())
+    assert settings["model"]["kv_arithmetic"] == kv_rows.ARITHMETIC
+    del settings["model"]["kv_arithmetic"]  # as runs written until 2026-11-28 are
+    (run / "settings.json").write_text(json.dumps(settings))
+    resumed = cli("resume", run.name, "--tokens", 40, "--threads", 1)
+    assert resumed.exit_code == 0, resumed.output
+    assert f"8-bit KV cache read by {kv_rows.EARLIER}, resumes with {kv_rows.ARITHMETIC}" in resumed.stderr
+    settings["model"]["kv_arithmetic"] = kv_rows.ARITHMETIC
+    (run / "settings.json").write_text(json.dumps(settings))
+    again = cli("resume", run.name, "--tokens", 56, "--threads", 1)  # the arithmetic it records: nothing to say
+    assert again.exit_code == 0 and "8-bit KV cache read by" not in again.stderr
+
+
 @pytest.mark.parametrize("kv_cache", ["float16", "int8"])
 def test_4bit_layers_in_cpp_and_in_python_write_the_same_text(kv_cache: str) -> None:
     """The users' path (4-bit weights, the C++ decoder layers) against the Python layers, on the real model,

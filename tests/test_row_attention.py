@@ -153,29 +153,6 @@ def test_a_float16_cache_reads_as_its_values_widened(
     assert got.dtype == torch.float32 and torch.equal(got, widened)
 
 
-@pytest.mark.parametrize(("committed", "window", "first_recent"), CASES)
-@pytest.mark.parametrize(("dim", "rows"), [(64, TREE.size), (32, TREE.size), (64, 1)])
-def test_an_8bit_cache_reads_as_its_rows_widened(
-    committed: int, window: int | None, first_recent: int, dim: int, rows: int
-) -> None:
-    """8-bit rows with their scales (kv_rows.py): the bits of the same rows widened by `kv_rows.unpack`,
-    for a tree's rows (transposed tiles) and a plain step's one."""
-    query, sink_query, keys, values, sinks = _case(committed, window, first_recent, seed=5, dim=dim)
-    keys, values = kv_rows.pack(keys), kv_rows.pack(values)
-    common = {"window": window, "sinks": sinks, "first_recent": first_recent or sinks, "block": 64}
-    if rows == 1:
-        layout = ra.RowLayout.build(torch.tensor([committed]), committed, None, **common)
-        query, keys, values = query[:, :, :1], keys[:, :, : layout.stored + 1], values[:, :, : layout.stored + 1]
-        sink_query = sink_query[:, :, :1] if sink_query is not None else None
-    else:
-        layout = ra.RowLayout.build(committed + TREE.depths, committed, TREE.mask, **common)
-    got = ra.row_attention(query, keys, values, layout, scaling=0.2, sink_query=sink_query)
-    widened = ra.row_attention(
-        query, kv_rows.unpack(keys), kv_rows.unpack(values), layout, scaling=0.2, sink_query=sink_query
-    )
-    assert torch.equal(got, widened)
-
-
 @pytest.mark.parametrize("family", ["llama-mha", "qwen2"])  # head size 16: the kernel's
 def test_tokenswift_equals_plain_through_the_kernel(family: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from conftest import tiny_model

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -19,7 +19,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotat
 from tokenswift_cli.backends.base import Backend
 from tokenswift_cli.config import ContextWindow
 from tokenswift_cli.model.attention import attend, window_attention
-from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, _PreallocatedCache
+from tokenswift_cli.model.cache import FullCache, PreallocatedLayer, Tiles, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
 
 LEAN_FAMILIES = ("llama", "qwen2", "mistral")
@@ -38,6 +38,11 @@ def supports_lean(model: PreTrainedModel) -> bool:
 class Attention(Protocol):
     """How every layer of one forward attends and applies its row-wise modules (worked out once per forward)."""
 
+    @property
+    def reads_storage(self) -> bool:
+        """Whether it takes the cache's rows as stored (float16, 8-bit), not widened to the model's dtype."""
+        ...
+
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A row-wise module (projection, MLP) on `x` `[1, q, features]`."""
         ...
@@ -51,9 +56,11 @@ class Attention(Protocol):
         *,
         stored: int,
         scaling: float,
+        tiles: Tiles | None = None,
     ) -> torch.Tensor:
         """Attention `[1, q, heads * d]` of `query` `[1, heads, q, d]` (rotated; `raw_query` before rotation)
-        over `keys`/`values` `[1, kv_heads, stored + q, d]`."""
+        over `keys`/`values` `[1, kv_heads, stored + q, d]` (`tiles`: an 8-bit cache's, for a kernel that
+        reads them)."""
         ...
 
     def to(self, device: torch.device) -> Attention:
@@ -71,6 +78,7 @@ class FastAttention:
     committed: int  # positions of the text before the new tokens
     first_recent: int  # the first position held after the sinks (see `FullCache.first_recent`)
     sink_rotation: Rotation | None  # cos/sin at min(position, window span - 1)
+    reads_storage: ClassVar[bool] = False
 
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return module(x)
@@ -98,6 +106,7 @@ class FastAttention:
         *,
         stored: int,
         scaling: float,
+        tiles: Tiles | None = None,
     ) -> torch.Tensor:
         sink_query = self.sink_query(raw_query)
         if sink_query is None:
@@ -210,8 +219,10 @@ class LeanBackend(Backend):
         if capture is not None:
             capture.queries[attn.layer_idx] = query[0, :, capture.row]  # [heads, d]
         stored = cache.stored
-        keys, values = cache.update(key, value)  # [1, kv_heads, stored + q, d]
-        out = attention.attend(raw_query, query, keys, values, stored=stored, scaling=attn.scaling)
+        # [1, kv_heads, stored + q, d]: widened to the model's dtype, or as stored for a kernel that reads them so
+        keys, values = cache.update_stored(key, value) if attention.reads_storage else cache.update(key, value)
+        tiles = cache.tiles() if attention.reads_storage else None
+        out = attention.attend(raw_query, query, keys, values, stored=stored, scaling=attn.scaling, tiles=tiles)
         x = x + rows(attn.o_proj, out)
         mlp, hidden = layer.mlp, layer.post_attention_layernorm(x)
         fused = getattr(mlp, "gate_up_int4", None)

@@ -26,6 +26,8 @@ from tokenswift_cli.backends.transfer import upload
 from tokenswift_cli.config import ContextWindow
 from tokenswift_cli.model import kv_rows
 
+Tiles = tuple[torch.Tensor, torch.Tensor]  # an 8-bit cache's rows by tiles, and which tiles are laid out
+
 
 class PreallocatedLayer(CacheLayerMixin):
     """One layer's keys and values in buffers `[1, kv_heads, capacity, head_dim]`, grown geometrically."""
@@ -36,6 +38,8 @@ class PreallocatedLayer(CacheLayerMixin):
         self.dtype = dtype  # storage; None: as the first keys written
         self.length = 0  # committed positions
         self.dropped = 0  # positions evicted after the sinks (context window only)
+        self.tiled = False  # whether 8-bit rows are also kept by tiles for the CPU kernel (a full cache's)
+        self._tiles: Tiles | None = None
 
     @property
     def stored(self) -> int:
@@ -107,6 +111,33 @@ class PreallocatedLayer(CacheLayerMixin):
             return kv_rows.widened(keys, key_states.dtype), kv_rows.widened(values, value_states.dtype)
         return keys, values
 
+    def update_stored(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`write`, then every row written so far as stored (for a reader that widens them itself)."""
+        end = self.write(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def tiles(self) -> Tiles | None:
+        """The 8-bit rows by tiles of 16 positions and what of them is laid out (`kv_rows.py`), which the
+        CPU kernel extends as positions are committed; None where rows are not 8-bit or not tiled."""
+        if (
+            not (self.tiled and self.packed and self.is_initialized)
+            or self.keys is None
+            or self.keys.device.type != "cpu"
+        ):
+            return None
+        slots = self.capacity // kv_rows.TILE + 2  # a ring of tiles by position: room for every row held
+        if self._tiles is None or self._tiles[0].shape[1] != slots:
+            dim = kv_rows.value_width(self.keys.shape[-1])
+            layout = torch.empty((self.keys.shape[1], slots, kv_rows.tile_bytes(dim)), dtype=torch.uint8)
+            self._tiles = (layout, torch.zeros(2, dtype=torch.long))  # tiles [lo, hi) laid out: none yet
+        return self._tiles
+
+    def forget_tiles(self) -> None:
+        """Positions are held anew (restoring a window): no tile laid out stays valid."""
+        if self._tiles is not None:
+            self._tiles[1].zero_()
+
     def get_mask_sizes(self, query_length: int, *args: object) -> tuple[int, int]:
         return self.stored + query_length, 0
 
@@ -157,6 +188,8 @@ class FullCache(_PreallocatedCache):
     ) -> None:
         super().__init__(num_layers, capacity, dtype)
         self.window = window
+        for layer in self.layer_list:  # a committed position's keys and values never change here: tiles keep
+            layer.tiled = True
 
     @property
     def dropped(self) -> int:
@@ -202,6 +235,7 @@ class FullCache(_PreallocatedCache):
         assert self.window is not None and self.length >= self.window.sinks and position >= self.length
         for layer in self.layer_list:
             layer.dropped, layer.length = position - self.window.sinks, position
+            layer.forget_tiles()
 
     def commit(self, kept: Sequence[int]) -> None:
         """Keep the tentative positions `kept` (offsets after the committed length, ascending).

@@ -9,6 +9,12 @@ path (here, and `widen` in csrc/row_attention.cpp; `put` in csrc/decoder.cpp pac
 
 Measured before it was built (benchmarks/kv_bits_quality.py, results/kv-cache): held-out NLL of the
 embedded model +0.0003% against float32 storage (float16: -0.009%), Britannica, 12K tokens.
+
+The CPU kernel reads these rows by integer products (csrc/q8_attention.cpp: the query in 8 bits and 8
+more for its rest, the weights in 8 bits per block), an arithmetic of its own: `ARITHMETIC` names it,
+runs record it, and one written under another says so when resumed. It reads a full cache's rows laid
+out again by tiles of 16 positions (keys transposed, values by 4 positions, scales apart), kept with the
+cache (`PreallocatedLayer.tiles`): each tile laid out once, when its 16 positions are committed.
 """
 
 from __future__ import annotations
@@ -18,6 +24,16 @@ import torch
 GROUP = 32
 PACKED = torch.uint8  # the buffers' dtype
 STORAGE = torch.int8  # how a cache names this storage (`FullCache(dtype=STORAGE)`)
+ARITHMETIC = "integer products, 8-bit weights per block"  # since 2026-11-28
+EARLIER = "float32 products of the widened rows"  # until then, not recorded
+
+
+TILE = 16  # positions a tile of the CPU kernel's layout holds
+
+
+def tile_bytes(dim: int) -> int:
+    """Bytes of one tile (keys and values of `TILE` positions of one kv head) laid out for the CPU kernel."""
+    return 2 * TILE * packed_width(dim)
 
 
 def packed_width(dim: int) -> int:

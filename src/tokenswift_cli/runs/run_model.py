@@ -27,7 +27,7 @@ from tokenswift_cli.config import (
     keep_error,
 )
 from tokenswift_cli.engine.state import kv_storage
-from tokenswift_cli.model import memory
+from tokenswift_cli.model import kv_rows, memory
 from tokenswift_cli.model.heads import SHIPPED, DraftHeads, load_heads, shipped_heads
 from tokenswift_cli.model.loading import ModelLoadError, end_of_text_ids, load_model
 from tokenswift_cli.model.rope import apply_rope, plan_rope, trained_length
@@ -84,6 +84,7 @@ def load_run_model(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Cal
     model_settings = {
         "spec": asdict(dataclasses.replace(spec, weights=weights)),
         "arithmetic": int4.ARITHMETIC if weights == "int4" else None,
+        "kv_arithmetic": kv_rows.ARITHMETIC if cfg.kv_cache == "int8" else None,
         "fingerprint": loaded.fingerprint,
         "label": label,
         "source": loaded.source,

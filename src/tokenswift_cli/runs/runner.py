@@ -21,7 +21,7 @@ from tokenswift_cli import __version__
 from tokenswift_cli.backends.cpu import int4, kernels
 from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
 from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
-from tokenswift_cli.model import memory
+from tokenswift_cli.model import kv_rows, memory
 from tokenswift_cli.model.chat import ChatRequest, prompt_tokens
 from tokenswift_cli.model.rope import plan_rope
 from tokenswift_cli.runs import store as runs
@@ -255,6 +255,13 @@ def _note_other_arithmetic(run_dir: Path, settings: dict[str, Any], loaded: RunM
             f"resumes with {here or 'dense weights'}: the text stays the model's, but may part from what the first "
             "would have written"
         )
+    if settings["run_config"].get("kv_cache") == "int8":  # (runs before 2026-11-28 record no KV arithmetic)
+        recorded, here = model.get("kv_arithmetic", kv_rows.EARLIER), loaded.settings.get("kv_arithmetic")
+        if recorded != here:
+            renderer.note(
+                f"{run_dir.name} was written with its 8-bit KV cache read by {recorded}, resumes with {here}: the "
+                "text stays the model's, but may part from what the first would have written"
+            )
 
 
 def _note_other_device(run_dir: Path, settings: dict[str, Any], loaded: RunModel, renderer: Renderer) -> None:

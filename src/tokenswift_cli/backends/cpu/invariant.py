@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from transformers import PreTrainedModel
@@ -27,7 +28,7 @@ from tokenswift_cli.backends.cpu.q8_head import Q8Head
 from tokenswift_cli.backends.cpu.row_attention import RowLayout, row_attention
 from tokenswift_cli.backends.lean import Attention, FastAttention, LeanBackend, Rotation
 from tokenswift_cli.backends.rows import exact_rows
-from tokenswift_cli.model.cache import FullCache, _PreallocatedCache
+from tokenswift_cli.model.cache import FullCache, Tiles, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
 
 
@@ -48,6 +49,7 @@ class ExactAttention:
     """Batch-invariant attention in bfloat16/float16 (`exact_attention.py`), linear layers by fixed rows."""
 
     fast: FastAttention  # this forward's positions, window and sink rotation
+    reads_storage: ClassVar[bool] = False
 
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return exact_rows(module, x)
@@ -64,6 +66,7 @@ class ExactAttention:
         *,
         stored: int,
         scaling: float,
+        tiles: Tiles | None = None,
     ) -> torch.Tensor:
         fast, window = self.fast, self.fast.window
         sinks = {"first_recent": fast.first_recent, "sinks": window.sinks, "window": window.size} if window else {}
@@ -88,6 +91,7 @@ class Float32Attention(ExactAttention):
         *,
         stored: int,
         scaling: float,
+        tiles: Tiles | None = None,
     ) -> torch.Tensor:
         sink_query = self.fast.sink_query(raw_query)
         return exact_attention_float32(query, keys, values, self.layout, scaling=scaling, sink_query=sink_query)
@@ -98,6 +102,7 @@ class RowKernelAttention(ExactAttention):
     """Batch-invariant float32 attention by the C++ row kernel, its layout worked out once for all layers."""
 
     layout: RowLayout
+    reads_storage: ClassVar[bool] = True  # float16 widened as read; 8-bit rows by integer products
 
     def attend(
         self,
@@ -108,9 +113,10 @@ class RowKernelAttention(ExactAttention):
         *,
         stored: int,
         scaling: float,
+        tiles: Tiles | None = None,
     ) -> torch.Tensor:
         sink_query = self.fast.sink_query(raw_query)
-        return row_attention(query, keys, values, self.layout, scaling=scaling, sink_query=sink_query)
+        return row_attention(query, keys, values, self.layout, scaling=scaling, sink_query=sink_query, tiles=tiles)
 
 
 class BatchInvariantBackend(LeanBackend):

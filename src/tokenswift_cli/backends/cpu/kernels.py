@@ -32,13 +32,14 @@ SOURCES = tuple(
     for n in (
         "parallel.cpp",
         "row_attention.cpp",
+        "q8_attention.cpp",
         "quantised_products.cpp",
         "decoder.cpp",
         "scores.cpp",
         "bindings.cpp",
     )
 )
-HEADERS = tuple(Path(__file__).with_name("csrc") / n for n in ("simd.h", "parallel.h"))
+HEADERS = tuple(Path(__file__).with_name("csrc") / n for n in ("simd.h", "parallel.h", "row_blocks.h"))
 # -ffp-contract=off: the compiler fuses no multiply-add on its own (see row_attention.cpp)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
 log = logging.getLogger(__name__)

@@ -117,6 +117,9 @@ class NativeDecoder:
         like = x.new_empty((1, self.kv_heads, 0, self.head_dim))
         for cache in caches:
             cache.make_room(rows, like)
+        laid_out = [cache.tiles() for cache in caches]  # an 8-bit full cache's tiles (or an empty tensor)
+        none = torch.empty(0)
+        tiles = ([t[0] if t else none for t in laid_out], [t[1] if t else none for t in laid_out])
         cos, sin = (part[0].contiguous() for part in rotary)
         sink_cos, sink_sin = (part[0, 0].contiguous() for part in sink_rotation) if sink_rotation else (None, None)
         capture = None
@@ -126,6 +129,6 @@ class NativeDecoder:
         out = self.native.forward(  # type: ignore[attr-defined]
             x[0], cos, sin, sink_cos, sink_sin, [c.keys[0] for c in caches], [c.values[0] for c in caches],
             layout.stored, layout.lowest, layout.ancestors, layout.sinks, layout.offset, layout.committed,
-            layout.block, -1 if capture_row is None else capture_row, capture,
+            layout.block, -1 if capture_row is None else capture_row, capture, *tiles,
         )  # fmt: skip
         return out[None], capture

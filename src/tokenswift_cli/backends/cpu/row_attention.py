@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from tokenswift_cli.backends.cpu import kernels
+from tokenswift_cli.model import kv_rows
+from tokenswift_cli.model.cache import Tiles
 
 BLOCK = 256
 
@@ -85,19 +87,23 @@ def row_attention(
     *,
     scaling: float,
     sink_query: torch.Tensor | None = None,
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """Attention `[1, q, heads * d]` of rotated queries `[1, heads, q, d]` (float32, CPU).
 
-    `keys`/`values` `[1, kv, stored + q, d]`, float32 or float16 (widened exactly as read); `sink_query`
-    scores the sinks (under a context window).
+    `keys`/`values` `[1, kv, stored + q, d]`, float32 or float16 (widened exactly as read), or 8-bit rows
+    (`kv_rows.py`, with their `tiles` if the cache keeps them); `sink_query` scores the sinks (under a
+    context window).
     """
     q_len, heads, dim = query.shape[2], query.shape[1], query.shape[3]
     rows = query[0].transpose(0, 1).contiguous()  # [q, heads, d]
     sink_rows = sink_query[0].transpose(0, 1).contiguous() if layout.sinks and sink_query is not None else rows
-    out = kernels.load().row_attention(
-        rows, sink_rows, keys[0], values[0], layout.lowest, layout.ancestors, layout.sinks, layout.stored,
-        layout.offset, layout.committed, float(scaling), layout.block,
-    )  # fmt: skip
+    place = (rows, sink_rows, keys[0], values[0], layout.lowest, layout.ancestors, layout.sinks, layout.stored,
+             layout.offset, layout.committed, float(scaling), layout.block)  # fmt: skip
+    if tiles is not None and keys.dtype == kv_rows.PACKED:
+        out = kernels.load().q8_row_attention(*place, *tiles)
+    else:
+        out = kernels.load().row_attention(*place)
     return out.view(1, q_len, heads * dim)
 
 

@@ -4,6 +4,10 @@
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
                          const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
                          int64_t offset, int64_t committed, double scaling, int64_t block);
+at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys,
+                            const at::Tensor& values, const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks,
+                            int64_t stored, int64_t offset, int64_t committed, double scaling, int64_t block,
+                            const std::optional<at::Tensor>& mirror, const std::optional<at::Tensor>& mirror_state);
 at::Tensor q4_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& lows,
                        const std::optional<at::Tensor>& bias, int64_t n_out);
 at::Tensor q8_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n_out);
@@ -16,6 +20,8 @@ void bind_decoder(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_attention", &row_attention, "attention of new tokens over a KV cache, row by row (float32)");
+  m.def("q8_row_attention", &q8_row_attention,
+        "row_attention over 8-bit rows, with the rows' tiles kept across calls (or none)");
   m.def("q4_products", &q4_products, "4-bit weights times 8-bit activations, rows on their own (float32)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("q8_products", &q8_products, "8-bit weights times 8-bit activations, rows on their own (float32)",

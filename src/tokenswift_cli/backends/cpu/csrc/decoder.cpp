@@ -18,6 +18,10 @@
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
                          const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
                          int64_t offset, int64_t committed, double scaling, int64_t block);
+at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys,
+                            const at::Tensor& values, const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks,
+                            int64_t stored, int64_t offset, int64_t committed, double scaling, int64_t block,
+                            const std::optional<at::Tensor>& mirror, const std::optional<at::Tensor>& mirror_state);
 
 at::Tensor q4_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& lows,
                        const std::optional<at::Tensor>& bias, int64_t n_out);
@@ -153,12 +157,14 @@ struct Decoder {
   // x [q, hidden] -> x after every layer. cos/sin [q, dim] at the tokens' positions, sink_cos/sink_sin
   // where the sinks are scored (a context window); keys/values per layer [kv, capacity, dim] with
   // room for the q new rows after `stored`; the rest is row_attention.RowLayout. The rotated query of
-  // row `capture_row` (if >= 0) goes to capture[layer] [heads, dim].
+  // row `capture_row` (if >= 0) goes to capture[layer] [heads, dim]. An 8-bit cache's layers may come
+  // with their tiles and the tiles' state (q8_attention.cpp; an empty tensor where a layer has none).
   at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& sink_cos,
                      const std::optional<at::Tensor>& sink_sin, const std::vector<at::Tensor>& keys,
                      const std::vector<at::Tensor>& values, int64_t stored, const at::Tensor& lowest,
                      const at::Tensor& anc, int64_t sinks, int64_t offset, int64_t committed, int64_t block,
-                     int64_t capture_row, const std::optional<at::Tensor>& capture) const {
+                     int64_t capture_row, const std::optional<at::Tensor>& capture,
+                     const std::vector<at::Tensor>& tiles, const std::vector<at::Tensor>& tile_states) const {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous());
     TORCH_CHECK(keys.size() == layers.size() && values.size() == layers.size());
     const int64_t rows = x.size(0), q_width = heads * dim;
@@ -202,9 +208,13 @@ struct Decoder {
           write_kv<float>(row, c + r * dim, s + r * dim, k_cache, v_cache, stored + r, kv_heads, dim, q_width);
       }
       if (capture_row >= 0 && capture) (*capture)[index].copy_(query[capture_row]);
+      const at::Tensor held_keys = k_cache.narrow(1, 0, stored + rows), held_values = v_cache.narrow(1, 0, stored + rows);
+      const bool tiled = stored_as == at::kByte && index < tiles.size() && tiles[index].numel() > 0;
       const at::Tensor attended =
-          row_attention(query, sink_query, k_cache.narrow(1, 0, stored + rows), v_cache.narrow(1, 0, stored + rows),
-                        lowest, anc, sinks, stored, offset, committed, scaling, block)
+          (tiled ? q8_row_attention(query, sink_query, held_keys, held_values, lowest, anc, sinks, stored, offset,
+                                    committed, scaling, block, tiles[index], tile_states[index])
+                 : row_attention(query, sink_query, held_keys, held_values, lowest, anc, sinks, stored, offset,
+                                 committed, scaling, block))
               .view({rows, q_width});
       add_into(x, layer.o(attended).contiguous());
       rms_norm(x, layer.post_norm, layer.post_eps, squares, variance, normed);

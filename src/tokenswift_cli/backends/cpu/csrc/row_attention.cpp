@@ -15,12 +15,14 @@
 // * products are summed by `fma` (one rounding) or as written: compiled with -ffp-contract=off, the
 //   compiler fuses nothing on its own, so the same sum is the same roundings wherever it is written.
 // The cache may store float16: each key and value is widened to float32 (exactly) before any
-// arithmetic, where it is read or once into a scratch copy; same bits. Or 8-bit rows with their scales
-// (kv_rows.py): each value is level * scale in float32 (kv_rows.unpack's arithmetic), computed in
-// registers (`chunk`, values of few lanes) or once into a scratch copy; same bits.
+// arithmetic, where it is read or once into a scratch copy; same bits. 8-bit rows (kv_rows.py) have
+// their own arithmetic, by integer products: q8_attention.cpp.
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "parallel.h"
+#include "row_blocks.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -45,28 +47,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxChunks = 16;  // head dims up to 256
 constexpr int64_t kGroup = 4;  // lanes whose value sums stay in registers together (a0..a3 below)
 
-// A cache row stored in 8 bits (kv_rows.py): `dim` int8 levels, then a float32 scale per 32 of them.
-struct Q8 {
-  int8_t level;
-};
-constexpr int64_t kQ8Group = 32;
-#if defined(SIMD_AVX2)
-constexpr bool kQ8InRegisters = false;  // the AVX2 loops load halves (load2): 8-bit rows are widened first
-#else
-constexpr bool kQ8InRegisters = true;  // chunk() below, in the value sums
-#endif
-
-// Chunk c (16 values) of a row of `chunks` chunks, in float32: as stored, or 8-bit levels times their scale.
+// Chunk c (16 values) of a row, in float32 (float16 widened exactly).
 template <typename T>
 inline v16 chunk(const T* row, int64_t c, int64_t) {
   return load(row + c * kLanes);
-}
-inline v16 chunk(const Q8* row, int64_t c, int64_t chunks) {
-  const int8_t* levels = reinterpret_cast<const int8_t*>(row);
-  float scale;
-  std::memcpy(&scale, levels + chunks * kLanes + c * kLanes / kQ8Group * static_cast<int64_t>(sizeof(float)),
-              sizeof(float));
-  return simd::load_levels(levels + c * kLanes, scale);
 }
 
 #if defined(SIMD_AVX2)
@@ -201,41 +185,13 @@ __attribute__((noinline)) void query_dots(const float* query, const T* const* ke
 constexpr int64_t kTransposeWidth = 6;
 constexpr bool kPrefetch = true;
 
-// The 16x16 block `r` transposed in place: step h swaps the off-diagonal h x h blocks of every 2h x 2h
-// block (element (i, c) <- (i ^ h, c ^ h) where bit h of i and c differ); the four steps make (i, c) <- (c, i).
-inline void transpose16(v16* r) {
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 8)) {
-      const v16 a = r[i], b = r[i + 8];
-      r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-      r[i + 8] = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    }
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 4)) {
-      const v16 a = r[i], b = r[i + 4];
-      r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-      r[i + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    }
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 2)) {
-      const v16 a = r[i], b = r[i + 2];
-      r[i] = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-      r[i + 2] = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    }
-  for (int i = 0; i < 16; i += 2) {
-    const v16 a = r[i], b = r[i + 1];
-    r[i] = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-    r[i + 1] = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-  }
-}
-
 // 16 keys (`stride` apart) widened and transposed: tile[d * 16 + l] = key l's dimension d.
 template <typename T>
 void transpose_keys(const T* key0, int64_t stride, float* tile, int64_t chunks) {
   for (int64_t c = 0; c < chunks; ++c) {
     v16 r[kLanes];
     for (int64_t l = 0; l < kLanes; ++l) r[l] = load(key0 + l * stride + c * kLanes);
-    transpose16(r);
+    row_blocks::transpose16(r);
     for (int64_t i = 0; i < kLanes; ++i) store(tile + (c * kLanes + i) * kLanes, r[i]);
   }
 }
@@ -373,10 +329,12 @@ inline v16 floor16(v16 t) {
 #endif
 }
 
+}  // namespace
+
 // exp(x) for x <= 0 (scores minus their max), 0 for -inf: range reduction and a degree-6 polynomial,
 // each step one fma, 16 lanes at a time (`n` is a multiple of 16), so every weight takes the same
 // instructions.
-__attribute__((noinline)) void exp_block(const float* scores, float top, float* out, int64_t n) {
+__attribute__((noinline)) void row_blocks::exp_block(const float* scores, float top, float* out, int64_t n) {
 #if defined(SIMD_AVX2)  // the same steps on 8 lanes at a time (GCC would do the selects lane by lane)
   const __m256 lowest = _mm256_set1_ps(-87.f), tops = _mm256_set1_ps(top);
   for (int64_t i = 0; i < n; i += 8) {
@@ -418,6 +376,8 @@ __attribute__((noinline)) void exp_block(const float* scores, float top, float* 
 #endif
 }
 
+namespace {
+
 // A float16 row widened into `out` (exact), `dim` a multiple of 16; returns `out`.
 inline const float* widen(const c10::Half* row, float* out, int64_t dim) {
   for (int64_t c = 0; c < dim; c += kLanes) store(out + c, load(row + c));
@@ -425,36 +385,10 @@ inline const float* widen(const c10::Half* row, float* out, int64_t dim) {
 }
 inline const float* widen(const float* row, float*, int64_t) { return row; }
 
-inline const float* widen(const Q8* row, float* out, int64_t dim) {
-  for (int64_t c = 0; c < dim / kLanes; ++c) store(out + c * kLanes, chunk(row, c, dim / kLanes));
-  return out;
-}
-
 template <typename T>
 constexpr bool kWidens = !std::is_same_v<T, float>;
-template <typename T>
-constexpr bool kPacked = std::is_same_v<T, Q8>;  // read through `widen` or `chunk`, never `load`
-template <typename T>
-constexpr int64_t stored_bytes(int64_t dim) {  // of one cache row
-  return kPacked<T> ? dim + dim / kQ8Group * static_cast<int64_t>(sizeof(float)) : dim * static_cast<int64_t>(sizeof(T));
-}
-// A key or value row as the dot products take it: as stored, or an 8-bit one widened into `buffer`.
-template <typename T>
-const auto* readable(const T* row, float* buffer, int64_t dim) {
-  if constexpr (kPacked<T>)
-    return widen(row, buffer, dim);
-  else
-    return row;
-}
-template <typename T>
-const T* data(const at::Tensor& t) {
-  if constexpr (kPacked<T>)
-    return reinterpret_cast<const T*>(t.data_ptr<uint8_t>());
-  else
-    return t.data_ptr<T>();
-}
 
-template <typename T>  // the cache's storage: float, float16 widened as it is read, or 8-bit rows (Q8)
+template <typename T>  // the cache's storage: float, or float16 widened as it is read
 struct Layout {
   int64_t rows, heads, kv, group, dim, block, sinks, stored, offset, committed, depths;
   const float *q, *sq;
@@ -476,7 +410,7 @@ struct Layout {
 
 template <typename T>  // one thread's scratch for the blocks it computes, kept across calls
 struct Buffers {
-  std::vector<float> scores, keys, values, rows;  // rows: 16 packed keys widened, before their transposition
+  std::vector<float> scores, keys, values;
   Held<T> held;
   Held<float> wide_held;
 };
@@ -502,8 +436,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
                   const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored, int64_t offset,
                   int64_t committed, double scaling, int64_t block) {
   const Layout<T> at{q.size(0), q.size(1), keys.size(0), q.size(1) / keys.size(0), q.size(2), block, sinks, stored,
-                     offset, committed, anc.size(1), q.data_ptr<float>(), sq.data_ptr<float>(), data<T>(keys),
-                     data<T>(values), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+                     offset, committed, anc.size(1), q.data_ptr<float>(), sq.data_ptr<float>(), keys.data_ptr<T>(),
+                     values.data_ptr<T>(), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
                      lowest.data_ptr<int64_t>(), anc.data_ptr<int64_t>()};
   const int64_t rows = at.rows, group = at.group, dim = at.dim, width = rows * group;  // lanes per kv head
   const int64_t chunks = dim / kLanes;
@@ -527,10 +461,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
       all_queries[head * 2 * width + lane] = at.q + offset_q;
       all_queries[head * 2 * width + width + lane] = at.sq + offset_q;
     }
-  std::vector<float> wide_key(dim);  // a packed key widened
   for (int64_t head = 0; head < at.kv; ++head)
     for (int64_t node = 0; node < nodes; ++node)
-      key_dots(readable(at.key(head, stored + node), wide_key.data(), dim), all_queries.data() + head * 2 * width,
+      key_dots(at.key(head, stored + node), all_queries.data() + head * 2 * width,
                width, dim, scale, node_scores.data() + (head * nodes + node) * width, 1);
 
   // Per (kv head, block), in one pass while its keys and values are at hand: each lane's scores, their
@@ -547,7 +480,6 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
     Held<float>& wide_held = mine.wide_held;
     float* scores = scratch(scores_buffer, width * block);  // [lane][position in the block], then the weights
     float* tile = scratch(keys_buffer, kLanes * dim);  // 16 keys widened (exact), row by row or transposed
-    float* rows16 = kPacked<T> ? scratch(mine.rows, kLanes * dim) : nullptr;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item / nb, first = blocks[item % nb] * block;
       const float* const* queries = all_queries.data() + head * 2 * width;
@@ -572,7 +504,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           for (int64_t l = 0; l < kLanes; ++l) {
             const char* k = reinterpret_cast<const char*>(at.key(head, std::min(next + l, stored - 1)));
             const char* v = reinterpret_cast<const char*>(at.value(head, std::clamp<int64_t>(these + l, 0, stored - 1)));
-            for (int64_t byte = 0; byte < stored_bytes<T>(dim); byte += 64) {
+            for (int64_t byte = 0; byte < dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
               __builtin_prefetch(k + byte, 0, 3);
               __builtin_prefetch(v + byte, 0, 2);
             }
@@ -581,18 +513,13 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
         if (first + j >= whole_begin && first + j + kLanes <= whole_end) {  // 16 held keys every lane may see
           const T* key0 = at.key(head, first + j - offset);
           if (transposed) {
-            if constexpr (kPacked<T>) {
-              for (int64_t l = 0; l < kLanes; ++l) widen(key0 + l * at.k_pos, rows16 + l * dim, dim);
-              transpose_keys(static_cast<const float*>(rows16), dim, tile, chunks);
-            } else {
-              transpose_keys(key0, at.k_pos, tile, chunks);
-            }
+            transpose_keys(key0, at.k_pos, tile, chunks);
             tile_scores(queries, width, tile, chunks, scale, scores + j, block);
-          } else if (kWidens<T> && (width > 1 || kPacked<T>)) {  // the 16 keys widened once (exact) for all lanes
+          } else if (kWidens<T> && width > 1) {  // the 16 keys widened once (exact) for all lanes
             const float* keys16[kLanes];
             for (int64_t l = 0; l < kLanes; ++l) keys16[l] = widen(key0 + l * at.k_pos, tile + l * dim, dim);
             for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], keys16, dim, scale, scores + lane * block + j);
-          } else if constexpr (!kPacked<T>) {
+          } else {
             const T* keys16[kLanes];
             for (int64_t l = 0; l < kLanes; ++l) keys16[l] = key0 + l * at.k_pos;
             for (int64_t lane = 0; lane < width; ++lane) query_dots(queries[lane], keys16, dim, scale, scores + lane * block + j);
@@ -603,7 +530,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
         for (int64_t l = j; l < j + kLanes; ++l) {
           const int64_t pos = first + l, row = at.shared(pos, min_lowest);
           if (row < 0) continue;
-          key_dots(readable(at.key(head, row), tile, dim), queries + (pos < sinks ? width : 0), width, dim, scale,
+          key_dots(at.key(head, row), queries + (pos < sinks ? width : 0), width, dim, scale,
                    scores + l, block);
         }
       }
@@ -629,7 +556,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
         if (m == kNegInf)  // a block the row does not see: no weights
           std::fill(s, s + block, 0.f);
         else
-          exp_block(s, m, s, block);
+          row_blocks::exp_block(s, m, s, block);
       }
       const float* weights = scores;
       float* sum = block_sum + item * width;
@@ -658,14 +585,14 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
             value_sums_of<0>(lanes, values, w, chunks, out, sum + lane0);
         }
       };
-      // several passes over the block's values (or 8-bit ones read in halves): widen them once (exact)
-      if (kWidens<T> && (width > kGroup || (kPacked<T> && !kQ8InRegisters))) {
+      // several passes over the block's values: widen them once (exact)
+      if (kWidens<T> && width > kGroup) {
         float* widened = scratch(values_buffer, held.size() * dim);
         wide_held.clear();
         for (size_t i = 0; i < held.size(); ++i)
           wide_held.push_back({held[i].first, widen(held[i].second, widened + i * dim, dim)});
         value_lanes(wide_held);
-      } else if constexpr (!kPacked<T> || kQ8InRegisters) {
+      } else {
         value_lanes(held);
       }
       for (int64_t lane = 0; lane < width; ++lane) {  // then each row's ancestors, after every held position
@@ -683,12 +610,22 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
     }
   });
 
-  // Each lane's blocks, in block order and float64, each scaled by exp(its top - the lane's top) (from
-  // exp_block, 16 blocks at a time).
-  at::Tensor result = at::empty({rows, at.heads, dim}, q.options());
+  return row_blocks::combine(block_top, block_sum, block_acc, rows, at.heads, at.kv, width, nb, dim, q.options());
+}
+
+}  // namespace
+
+
+// Each lane's blocks, in block order and float64, each scaled by exp(its top - the lane's top) (from
+// exp_block, 16 blocks at a time).
+at::Tensor row_blocks::combine(const float* block_top, const float* block_sum, const float* block_acc, int64_t rows,
+                               int64_t heads, int64_t kv, int64_t width, int64_t nb, int64_t dim,
+                               const at::TensorOptions& options) {
+  const int64_t group = heads / kv;
+  at::Tensor result = at::empty({rows, heads, dim}, options);
   float* out = result.data_ptr<float>();
   const int64_t padded = (nb + kLanes - 1) / kLanes * kLanes;
-  parallel::split(0, at.kv * width, 1, [&](int64_t begin, int64_t end) {
+  parallel::split(0, kv * width, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> total(dim);
     std::vector<float> tops_of(padded, kNegInf), factors(padded);
     for (int64_t index = begin; index < end; ++index) {
@@ -709,24 +646,27 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
         const float* a = block_acc + (item * width + lane) * dim;
         for (int64_t d = 0; d < dim; ++d) total[d] += factor * a[d];
       }
-      float* o = out + ((lane / group) * at.heads + head * group + lane % group) * dim;
+      float* o = out + ((lane / group) * heads + head * group + lane % group) * dim;
       for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<float>(total[d] / weight);
     }
   });
   return result;
 }
 
-}  // namespace
+at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys,
+                            const at::Tensor& values, const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks,
+                            int64_t stored, int64_t offset, int64_t committed, double scaling, int64_t block,
+                            const std::optional<at::Tensor>& mirror, const std::optional<at::Tensor>& mirror_state);
 
 // q, sq: [R, H, D] float32; keys, values: [KV, N, D] (D contiguous), float32 or float16 (computed in
-// float32), or [KV, N, D * 9 / 8] uint8: 8-bit rows with their scales (kv_rows.py); lowest: [R] first
+// float32), or [KV, N, D * 9 / 8] uint8: 8-bit rows with their scales (kv_rows.py, q8_attention.cpp); lowest: [R] first
 // held cache row each row sees; anc: [R, T] node at each depth of each row's path (-1 past its own depth).
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& keys, const at::Tensor& values,
                          const at::Tensor& lowest, const at::Tensor& anc, int64_t sinks, int64_t stored,
                          int64_t offset, int64_t committed, double scaling, int64_t block) {
   TORCH_CHECK(q.dtype() == at::kFloat && sq.dtype() == at::kFloat && keys.dtype() == values.dtype() &&
               (keys.dtype() == at::kFloat || keys.dtype() == at::kHalf || keys.dtype() == at::kByte));
-  TORCH_CHECK(keys.dtype() != at::kByte || (q.size(2) % kQ8Group == 0 && keys.size(2) == stored_bytes<Q8>(q.size(2)) &&
+  TORCH_CHECK(keys.dtype() != at::kByte || (q.size(2) % 32 == 0 && keys.size(2) == q.size(2) * 9 / 8 &&
                                              values.size(2) == keys.size(2)),
               "8-bit rows: the head size in groups of 32, each row its levels and float32 scales");
   TORCH_CHECK(q.is_contiguous() && sq.is_contiguous() && keys.stride(2) == 1 && values.stride(2) == 1);
@@ -736,6 +676,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& sq, const at::Te
   if (keys.dtype() == at::kHalf)
     return attend<c10::Half>(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block);
   if (keys.dtype() == at::kByte)
-    return attend<Q8>(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block);
+    return q8_row_attention(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block,
+                            std::nullopt, std::nullopt);
   return attend<float>(q, sq, keys, values, lowest, anc, sinks, stored, offset, committed, scaling, block);
 }
