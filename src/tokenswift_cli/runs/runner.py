@@ -245,23 +245,20 @@ def _check_device_here(run_dir: Path, settings: dict[str, Any]) -> None:
 
 
 def _note_other_arithmetic(run_dir: Path, settings: dict[str, Any], loaded: RunModel, renderer: Renderer) -> None:
-    """A run whose quantised products were computed otherwise (until 2026-11-27: no record) goes on, and says so."""
-    model = settings["model"]
+    """A run whose quantised products or 8-bit KV cache were computed otherwise goes on, and says so."""
+    model, parted = settings["model"], "the text stays the model's, but may part from what the first would have written"
     recorded = model.get("arithmetic", int4.EARLIER if model["spec"].get("weights") == "int4" else None)
     here = loaded.settings.get("arithmetic")
     if recorded != here:
         renderer.note(
             f"{run_dir.name} was written with the 4-bit model's products computed from {recorded or 'dense weights'}, "
-            f"resumes with {here or 'dense weights'}: the text stays the model's, but may part from what the first "
-            "would have written"
+            f"resumes with {here or 'dense weights'}: {parted}"
         )
-    if settings["run_config"].get("kv_cache") == "int8":  # (runs before 2026-11-28 record no KV arithmetic)
-        recorded, here = model.get("kv_arithmetic", kv_rows.EARLIER), loaded.settings.get("kv_arithmetic")
-        if recorded != here:
-            renderer.note(
-                f"{run_dir.name} was written with its 8-bit KV cache read by {recorded}, resumes with {here}: the "
-                "text stays the model's, but may part from what the first would have written"
-            )
+    recorded, here = model.get("kv_arithmetic", kv_rows.EARLIER), loaded.settings.get("kv_arithmetic")
+    if settings["run_config"].get("kv_cache") == "int8" and recorded != here:
+        renderer.note(
+            f"{run_dir.name} was written with its 8-bit KV cache read by {recorded}, resumes with {here}: {parted}"
+        )
 
 
 def _note_other_device(run_dir: Path, settings: dict[str, Any], loaded: RunModel, renderer: Renderer) -> None:
