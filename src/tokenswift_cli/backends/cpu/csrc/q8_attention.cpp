@@ -563,18 +563,7 @@ at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at:
           const int64_t node = ancestors[r * depths + t];
           if (node >= 0) s[committed + t - first] = node_scores[(head * nodes + node) * width + lane];
         }
-        v16 best = load(s);
-        for (int64_t j = kLanes; j < block; j += kLanes) {
-          const v16 x = load(s + j);
-          best = x > best ? x : best;
-        }
-        float m = best[0];
-        for (int64_t l = 1; l < kLanes; ++l) m = std::max(m, best[l]);
-        top[lane] = m;
-        if (m == kNegInf)
-          std::fill(s, s + block, 0.f);
-        else
-          row_blocks::exp_block(s, m, s, block);
+        top[lane] = row_blocks::weights_of(s, block);
         v16 total = load(s);  // one tree for every path: the 16-lane sums, then fold
         for (int64_t j = kLanes; j < block; j += kLanes) total = total + load(s + j);
         block_sum[item * width + lane] = simd::fold(total);
@@ -585,13 +574,7 @@ at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at:
             const int64_t node = ancestors[r * depths + t];
             if (node >= 0) scaled[committed + t - first] = s[committed + t - first] * scale_of(value_row(head, stored + node), dim, g);
           }
-          v16 most = load(scaled);
-          for (int64_t j = kLanes; j < block; j += kLanes) {
-            const v16 x = load(scaled + j);
-            most = x > most ? x : most;
-          }
-          float largest = most[0];
-          for (int64_t l = 1; l < kLanes; ++l) largest = std::max(largest, most[l]);
+          const float largest = row_blocks::block_max(scaled, block);
           const float inverse = largest > 0.f ? 255.f / largest : 0.f;
           uint8_t* u = weights + (lane * groups + g) * block;
           for (int64_t j = 0; j < block; j += kLanes) {

@@ -545,18 +545,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& sq, const at::Tensor& k
           const int64_t node = at.anc[r * at.depths + t];
           if (node >= 0) s[committed + t - first] = node_scores[(head * nodes + node) * width + lane];
         }
-        v16 best = load(s);  // the max is exact in any order
-        for (int64_t j = kLanes; j < block; j += kLanes) {
-          const v16 x = load(s + j);
-          best = x > best ? x : best;
-        }
-        float m = best[0];
-        for (int64_t l = 1; l < kLanes; ++l) m = std::max(m, best[l]);
-        top[lane] = m;
-        if (m == kNegInf)  // a block the row does not see: no weights
-          std::fill(s, s + block, 0.f);
-        else
-          row_blocks::exp_block(s, m, s, block);
+        top[lane] = row_blocks::weights_of(s, block);
       }
       const float* weights = scores;
       float* sum = block_sum + item * width;

@@ -4,13 +4,40 @@
 
 #include <ATen/ATen.h>
 
+#include "simd.h"
+
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 namespace row_blocks {
 
 // exp(x - top) for x <= top (scores minus their block's max), 0 for -inf, 16 lanes at a time (`n` a
 // multiple of 16): every weight by the same instructions.
 void exp_block(const float* scores, float top, float* out, int64_t n);
+
+// The largest of `n` floats (`n` a multiple of 16): exact in any order.
+inline float block_max(const float* x, int64_t n) {
+  simd::v16 best = simd::load(x);
+  for (int64_t j = simd::kLanes; j < n; j += simd::kLanes) {
+    const simd::v16 y = simd::load(x + j);
+    best = y > best ? y : best;
+  }
+  float m = best[0];
+  for (int64_t l = 1; l < simd::kLanes; ++l) m = std::max(m, best[l]);
+  return m;
+}
+
+// A lane's scores in a block turned into its weights in place (`exp_block` of them minus their max; all 0
+// where the lane sees none of the block); returns that max.
+inline float weights_of(float* scores, int64_t n) {
+  const float top = block_max(scores, n);
+  if (top == -std::numeric_limits<float>::infinity())
+    std::fill(scores, scores + n, 0.f);
+  else
+    exp_block(scores, top, scores, n);
+  return top;
+}
 
 // out [rows, heads, dim]: each lane's blocks (kv head, block, lane: their top, weight sum and weighted
 // values), in block order and float64, each scaled by exp(its top - the lane's top).
