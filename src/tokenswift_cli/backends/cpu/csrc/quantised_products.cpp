@@ -33,6 +33,9 @@ using simd::v16;
 constexpr int64_t kGroup = 32;
 constexpr int64_t kRowTile = 4;  // input rows sharing each unpacked piece of a weight row
 constexpr int64_t kOutputs = 4;  // weight rows stored interleaved: pair p of rows 4b..4b+3 side by side
+// A plain step's weights are read once, as a stream: fetched this far ahead (non-temporal), the step
+// took 4-6% less on two threads (4K context, embedded model; 2,048-32,768 bytes tried, 4,096 best).
+constexpr int64_t kFetchAhead = 4096;
 
 // One row's activations quantised per group of 32; `groups` padded with zero groups to `padded`.
 struct Quantised {
@@ -223,6 +226,9 @@ void output_block(const uint8_t* const* w, const c10::Half* const* d, const c10:
     const int64_t first = c * (kLanes / 2), count = std::min(pairs - first, kLanes / 2);
     for (int64_t k = 0; k < count; ++k) {
       const int64_t p = first + k;
+      if constexpr (O == kOutputs)  // w[0] starts the block: its pairs are one stream, fetched ahead
+        for (int64_t line = 0; line < kOutputs * W::kPairBytes; line += 64)
+          __builtin_prefetch(w[0] + p * kOutputs * W::kPairBytes + line + kFetchAhead, 0, 0);
       for (int64_t o = 0; o < O; ++o) {
         const auto n = W::unpack(w[o] + p * kOutputs * W::kPairBytes);
         for (int64_t r = 0; r < T; ++r)
