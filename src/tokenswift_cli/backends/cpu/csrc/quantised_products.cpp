@@ -34,7 +34,7 @@ constexpr int64_t kGroup = 32;
 constexpr int64_t kRowTile = 4;  // input rows sharing each unpacked piece of a weight row
 constexpr int64_t kOutputs = 4;  // weight rows stored interleaved: pair p of rows 4b..4b+3 side by side
 // A plain step's weights are read once, as a stream: fetched this far ahead (non-temporal), the step
-// took 4-6% less on two threads (4K context, embedded model; 2,048-32,768 bytes tried, 4,096 best).
+// took 4-6% less on two threads (4K context, embedded model; 512-32,768 bytes tried, 4,096 best).
 constexpr int64_t kFetchAhead = 4096;
 
 // One row's activations quantised per group of 32; `groups` padded with zero groups to `padded`.
