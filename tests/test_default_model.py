@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import first_divergence
+from test_capitals import in_a_row
 
 from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
@@ -161,9 +162,9 @@ def test_4bit_layers_in_cpp_and_in_python_write_the_same_text(kv_cache: str) -> 
     assert first_divergence(fast, plain) is None and first_divergence(python_layers, plain) is None
 
 
-def test_the_spacing_and_word_rules_on_the_embedded_model_keep_words_apart_losslessly() -> None:
-    """`--spacing` and `--max-word` with the real byte-level vocabulary: TokenSwift writes plain decoding's text,
-    with no glued pair and no word past the cap."""
+def test_the_spacing_word_and_capitals_rules_on_the_embedded_model_keep_words_apart_losslessly() -> None:
+    """`--spacing`, `--max-word` and `--max-capitalised` with the real byte-level vocabulary: TokenSwift writes
+    plain decoding's text, with no glued pair, no word past the cap and no more capitalised words in a row."""
     import dataclasses
     import re
 
@@ -177,7 +178,7 @@ def test_the_spacing_and_word_rules_on_the_embedded_model_keep_words_apart_lossl
     assert shipped is not None
     heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint)
     prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
-    spaced = dataclasses.replace(EMBEDDED, spacing=True, max_word=8)
+    spaced = dataclasses.replace(EMBEDDED, spacing=True, max_word=8, max_capitalised=2)
     sampling = with_scripts_filter(spaced, loaded.tokenizer, vocab, prefix=PROMPT.read_text())
     rule = sampling.spacing_rule
     assert rule is not None
@@ -190,3 +191,5 @@ def test_the_spacing_and_word_rules_on_the_embedded_model_keep_words_apart_lossl
     text = loaded.tokenizer.decode([prompt[-1], *plain])
     assert not re.search(r"[,;!?][^\W\d_]|[a-z][A-Z]", text), text
     assert not re.search(r"[^\s\u0800-\U0010ffff]{9}", loaded.tokenizer.decode(plain)), text
+    before = in_a_row(PROMPT.read_text())
+    assert max(in_a_row(PROMPT.read_text() + loaded.tokenizer.decode(plain))[len(before) :]) <= max(2, before[-1])

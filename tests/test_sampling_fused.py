@@ -13,6 +13,7 @@ import torch
 from tokenswift_cli.backends.cpu import kernels
 from tokenswift_cli.config import SamplingConfig
 from tokenswift_cli.sampling import distribution, fused
+from tokenswift_cli.sampling.capitals import CapitalsRule
 from tokenswift_cli.sampling.distribution import choose, reference_scores, target_scores
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
@@ -25,15 +26,23 @@ PIECES = [b" the", b"the", b",", b"!", b"a", b"B", b"\xc3", b"\xa9", "\uff28".en
           " \u4e2d".encode(), b" Word", b"word", b"?", b" ,x", b"aB", "\u00e9".encode(), b"\xe4\xb8"]  # fmt: skip
 
 
+Rules = tuple[ScriptFilter, SpacingRule, WordLengthRule, CapitalsRule]
+
+
 def vocabulary(vocab: int) -> list[bytes]:
     return [PIECES[i % len(PIECES)] + bytes([97 + i % 26]) * (i % 3) for i in range(vocab)]
 
 
 @pytest.fixture(scope="module")
-def rules() -> dict[int, tuple[ScriptFilter, SpacingRule, WordLengthRule]]:
-    def built(v: int) -> tuple[ScriptFilter, SpacingRule, WordLengthRule]:
+def rules() -> dict[int, Rules]:
+    def built(v: int) -> Rules:
         pieces = vocabulary(v)
-        return ScriptFilter(("latin",), pieces, v), SpacingRule(pieces, v), WordLengthRule(pieces, v, 4)
+        return (
+            ScriptFilter(("latin",), pieces, v),
+            SpacingRule(pieces, v),
+            WordLengthRule(pieces, v, 4),
+            CapitalsRule(pieces, v, 2),
+        )
 
     return {v: built(v) for v in (50, 1000, 49152)}
 
@@ -64,9 +73,7 @@ def random_context(rng: random.Random, vocab: int) -> torch.Tensor:
     return context
 
 
-def random_config(
-    rng: random.Random, vocab: int, rules: tuple[ScriptFilter, SpacingRule, WordLengthRule]
-) -> SamplingConfig:
+def random_config(rng: random.Random, vocab: int, rules: Rules) -> SamplingConfig:
     dry = rng.random() < 0.6
     cfg = SamplingConfig(
         temperature=rng.choice([0.0, 0.0, 1.0, 0.7, 1.3]),
@@ -84,13 +91,15 @@ def random_config(
         suppress_token_ids=tuple(rng.sample(range(vocab), rng.choice([0, 1, 3]))),
         seed=rng.randrange(1000),
     )
-    script_filter, spacing, words = rules
+    script_filter, spacing, words, capitals = rules
     if rng.random() < 0.5:
         cfg = dataclasses.replace(cfg, scripts=("latin",), script_filter=script_filter)
     if rng.random() < 0.4:
         cfg = dataclasses.replace(cfg, spacing=True, spacing_rule=spacing)
     if rng.random() < 0.4:
         cfg = dataclasses.replace(cfg, max_word=words.cap, word_rule=words)
+    if rng.random() < 0.4:
+        cfg = dataclasses.replace(cfg, max_capitalised=capitals.cap, capitals_rule=capitals)
     return cfg
 
 

@@ -17,6 +17,7 @@ from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.engine.tree import TreeBuilder
 from tokenswift_cli.engine.verify import NodeLogits, accept
 from tokenswift_cli.engine.walk import WALK, accept_on_device
+from tokenswift_cli.sampling.capitals import CapitalsRule
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
 from tokenswift_cli.sampling.word_length import WordLengthRule
@@ -67,6 +68,10 @@ CONFIGS = {  # short windows: most histories fill them, so the walks run at a gr
     "word cap": SamplingConfig(
         temperature=1.3, min_p=0.05, penalty=1.1, penalty_window=16, max_word=4, seed=6,
         word_rule=WordLengthRule(PIECES, VOCAB, 4),
+    ),
+    "capitals cap": SamplingConfig(
+        temperature=1.3, min_p=0.05, penalty=1.1, penalty_window=16, max_capitalised=1, seed=7,
+        capitals_rule=CapitalsRule(PIECES, VOCAB, 1),
     ),
 }  # fmt: skip
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from tokenswift_cli.sampling.scripts import SCRIPTS
 
 if TYPE_CHECKING:
+    from tokenswift_cli.sampling.capitals import CapitalsRule
     from tokenswift_cli.sampling.scripts import ScriptFilter
     from tokenswift_cli.sampling.spacing import SpacingRule
     from tokenswift_cli.sampling.word_length import WordLengthRule
@@ -54,7 +55,8 @@ class SamplingConfig:
     resolved before a run starts); the filter itself needs the tokenizer's bytes and is attached by
     `run_model.with_scripts_filter`, as is the rule of `spacing` (words kept apart: no letter right
     after `,;!?`, no capital right after a small letter; spacing.py) and of `max_word` (no word longer
-    than that many characters; word_length.py).
+    than that many characters; word_length.py) and of `max_capitalised` (no more capitalised words in a row;
+    capitals.py).
     """
 
     temperature: float = 0.0
@@ -78,6 +80,8 @@ class SamplingConfig:
     spacing_rule: SpacingRule | None = field(default=None, compare=False, repr=False)
     max_word: int | None = None
     word_rule: WordLengthRule | None = field(default=None, compare=False, repr=False)
+    max_capitalised: int | None = None
+    capitals_rule: CapitalsRule | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
@@ -96,6 +100,7 @@ class SamplingConfig:
         _check(xtc is None or 0 < xtc <= 1, "the XTC probability must be in (0, 1]")
         _check(0 < self.xtc_threshold <= 0.5, "the XTC threshold must be in (0, 0.5]")
         _check(self.max_word is None or self.max_word >= 1, "the word cap must be >= 1")
+        _check(self.max_capitalised is None or self.max_capitalised >= 1, "the capitals cap must be >= 1")
         object.__setattr__(self, "suppress_token_ids", tuple(int(t) for t in self.suppress_token_ids))
         object.__setattr__(self, "scripts", tuple(str(s) for s in self.scripts))
         unknown = [s for s in self.scripts if s not in SCRIPTS and self.scripts != ("auto",)]
@@ -106,19 +111,25 @@ class SamplingConfig:
         return self.temperature == 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings, without what is built from the tokenizer (the scripts filter, the spacing and word
-        rules)."""
-        data = dataclasses.asdict(dataclasses.replace(self, script_filter=None, spacing_rule=None, word_rule=None))
-        del data["script_filter"], data["spacing_rule"], data["word_rule"]
+        """The settings, without what is built from the tokenizer (the scripts filter, the spacing, word and
+        capitals rules)."""
+        data = dataclasses.asdict(self.unbuilt())
+        del data["script_filter"], data["spacing_rule"], data["word_rule"], data["capitals_rule"]
         return data
+
+    def unbuilt(self) -> SamplingConfig:
+        """The settings without what is built from the tokenizer."""
+        return dataclasses.replace(self, script_filter=None, spacing_rule=None, word_rule=None, capitals_rule=None)
 
     @property
     def context_length(self) -> int:
-        """Tokens before a draw that the target distribution depends on (penalty window, DRY range, word rule)."""
-        from tokenswift_cli.sampling.word_length import context_tokens  # no torch: `--help` stays instant
+        """Tokens before a draw that the target distribution depends on (penalty window, DRY range, word and
+        capitals rules)."""
+        from tokenswift_cli.sampling import capitals, word_length  # no torch: `--help` stays instant
 
-        words = context_tokens(self.max_word) if self.max_word is not None else 0
-        return max(self.penalty_window, self.dry_range if self.dry_multiplier is not None else 0, words)
+        words = word_length.context_tokens(self.max_word) if self.max_word is not None else 0
+        caps = capitals.context_tokens(self.max_capitalised) if self.max_capitalised is not None else 0
+        return max(self.penalty_window, self.dry_range if self.dry_multiplier is not None else 0, words, caps)
 
 
 @dataclass(frozen=True)
@@ -277,8 +288,7 @@ class RunConfig:
         return total if not isinstance(self.window, ContextWindow) else min(total, self.window.span)
 
     def to_dict(self) -> dict[str, Any]:
-        unbuilt = dataclasses.replace(self.sampling, script_filter=None, spacing_rule=None, word_rule=None)
-        data = dataclasses.asdict(dataclasses.replace(self, sampling=unbuilt))
+        data = dataclasses.asdict(dataclasses.replace(self, sampling=self.sampling.unbuilt()))
         data["sampling"] = self.sampling.to_dict()
         return {"schema_version": SCHEMA_VERSION, **data}
 

@@ -45,6 +45,8 @@ def generate_gaps(config: RunConfig, target: Target, context: int) -> tuple[str,
         gaps.append("spacing")
     if sampling.max_word is not None:
         gaps.append("word cap")
+    if sampling.max_capitalised is not None:
+        gaps.append("capitals cap")
     seen = context + config.max_new_tokens - 1  # the text before the last token's draw
     if sampling.penalty not in (None, 1.0) and sampling.penalty_window < seen:
         gaps.append("penalty window")

@@ -146,7 +146,6 @@ DeviceOpt = Annotated[str | None, typer.Option("--device", help=_DEVICE_HELP, ri
 # The commands that default to the CPU (eval, train-heads, heads eval): their [default: cpu] says so.
 CpuDeviceOpt = Annotated[str, typer.Option("--device", help=_DEVICES, rich_help_panel=_MODEL)]
 
-
 # Sampling
 TemperatureOpt = Annotated[
     float | None,
@@ -239,28 +238,36 @@ ScriptsOpt = Annotated[
         rich_help_panel=_SAMPLE,
     ),
 ]
+
+
+def _rule_option(flag: str, name: str, text: str) -> typer.models.OptionInfo:
+    """A flag of one of the target distribution's rules, its default shown per model."""
+    return typer.Option(flag, help=_with_default(text, name), rich_help_panel=_SAMPLE, show_default=False)
+
+
 SpacingOpt = Annotated[
     bool | None,
-    typer.Option(
+    _rule_option(
         "--spacing/--no-spacing",
-        help=_with_default(
-            "Keep words apart: no letter right after , ; ! ? nor a capital after a small letter.", "spacing"
-        ),
-        rich_help_panel=_SAMPLE,
-        show_default=False,
+        "spacing",
+        "Keep words apart: no letter right after , ; ! ? nor a capital after a small letter.",
     ),
 ]
 MaxWordOpt = Annotated[
     int | None,
-    typer.Option(
+    _rule_option(
         "--max-word",
-        help=_with_default(
-            "No word longer than this many characters (a run without a space; CJK and other wide characters "
-            "end a word). 0 = off.",
-            "max_word",
-        ),
-        rich_help_panel=_SAMPLE,
-        show_default=False,
+        "max_word",
+        "No word longer than this many characters (a run without a space; CJK and other wide characters end a word). "
+        "0 = off.",
+    ),
+]
+MaxCapitalisedOpt = Annotated[
+    int | None,
+    _rule_option(
+        "--max-capitalised",
+        "max_capitalised",
+        "No more capitalised words in a row (two letters or more; a small-letter word starts again). 0 = off.",
     ),
 ]
 SeedOpt = Annotated[

@@ -32,6 +32,7 @@ from tokenswift_cli.model.heads import SHIPPED, DraftHeads, load_heads, shipped_
 from tokenswift_cli.model.loading import ModelLoadError, end_of_text_ids, load_model
 from tokenswift_cli.model.rope import apply_rope, plan_rope, trained_length
 from tokenswift_cli.model.target import Target
+from tokenswift_cli.sampling.capitals import CapitalsRule
 from tokenswift_cli.sampling.scripts import ScriptFilter, scripts_of, token_bytes
 from tokenswift_cli.sampling.spacing import SpacingRule
 from tokenswift_cli.sampling.word_length import WordLengthRule
@@ -185,13 +186,16 @@ def with_scripts_filter(
 ) -> SamplingConfig:
     """`sampling` with "auto" resolved to the scripts of `prefix`, and the scripts filter, the spacing
     rule and the word rule (when asked for) built from `tokenizer`."""
-    if not sampling.spacing and not sampling.scripts and sampling.max_word is None:
+    if not sampling.spacing and not sampling.scripts and sampling.max_word is None and sampling.max_capitalised is None:
         return sampling
     vocabulary = token_bytes(tokenizer)  # the bytes of the whole vocabulary, read once for all
     if sampling.spacing:
         sampling = dataclasses.replace(sampling, spacing_rule=SpacingRule(vocabulary, vocab_size))
     if sampling.max_word is not None:
         sampling = dataclasses.replace(sampling, word_rule=WordLengthRule(vocabulary, vocab_size, sampling.max_word))
+    if sampling.max_capitalised is not None:
+        rule = CapitalsRule(vocabulary, vocab_size, sampling.max_capitalised)
+        sampling = dataclasses.replace(sampling, capitals_rule=rule)
     if not sampling.scripts:
         return sampling
     names = sampling.scripts

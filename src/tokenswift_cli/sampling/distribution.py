@@ -33,6 +33,7 @@ from transformers import (
 
 from tokenswift_cli.config import ConfigError, SamplingConfig
 from tokenswift_cli.sampling import fused
+from tokenswift_cli.sampling.capitals import CapitalsRule
 from tokenswift_cli.sampling.dry import dry_amounts, dry_penalties
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
@@ -93,6 +94,9 @@ def filter_rules(cfg: SamplingConfig) -> list[tuple[Any, int]]:
     if cfg.max_word is not None:
         words = _word_rule(cfg)
         rules.append((words, words.context_tokens))
+    if cfg.max_capitalised is not None:
+        capitals = _capitals_rule(cfg)
+        rules.append((capitals, capitals.context_tokens))
     return rules
 
 
@@ -163,6 +167,12 @@ def _word_rule(cfg: SamplingConfig) -> WordLengthRule:
     if cfg.word_rule is None or cfg.word_rule.cap != cfg.max_word:
         raise ConfigError("the word rule needs the tokenizer: attach it with run_model.bind_scripts")
     return cfg.word_rule
+
+
+def _capitals_rule(cfg: SamplingConfig) -> CapitalsRule:
+    if cfg.capitals_rule is None or cfg.capitals_rule.cap != cfg.max_capitalised:
+        raise ConfigError("the capitals rule needs the tokenizer: attach it with run_model.bind_scripts")
+    return cfg.capitals_rule
 
 
 def _spacing_rule(cfg: SamplingConfig) -> SpacingRule:
