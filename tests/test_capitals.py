@@ -57,7 +57,7 @@ def test_pieces_read_as_characters_and_passages() -> None:
 
 def test_the_state_is_the_text_definition() -> None:
     rule = CapitalsRule(PIECES, len(PIECES), cap=3)
-    assert rule.context_tokens == 32
+    assert rule.context_tokens == 1024
     rng = random.Random(0)
     for _ in range(3000):
         context = [rng.randrange(len(PIECES)) for _ in range(rng.randint(0, 32))]
@@ -94,6 +94,8 @@ def test_the_state_is_read_from_the_last_tokens_only() -> None:
     assert rule.state(catalog) == (2, OUTSIDE) and rule.state([5, *catalog]) == (2, OUTSIDE)
     assert rule.state([*catalog, 5]) == (0, INSIDE) and rule.state([*catalog, 5, 0]) == (1, INSIDE)
     assert rule.state([]) == (0, OUTSIDE) and rule.state([len(PIECES) + 5]) == (0, OUTSIDE)
+    lines = [7] * 1022  # "The KEEP" and lines: the first word counts only while the last 1,024 tokens hold it
+    assert rule.state([0, 1, *lines]) == (2, OUTSIDE) and rule.state([0, 1, 7, *lines]) == (1, OUTSIDE)
 
 
 def test_the_rule_is_a_setting_recorded_and_built_from_the_tokenizer() -> None:

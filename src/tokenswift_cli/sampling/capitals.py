@@ -33,8 +33,9 @@ _ENTRIES = (OUTSIDE, INSIDE, LONE_CAPITAL)
 
 
 def context_tokens(cap: int) -> int:
-    """The last tokens the state is read from: room for the cap's words with marks and spaces between."""
-    return 8 * cap + 8
+    """The last tokens the state is read from: room for the cap's words with what may stand between them
+    (a list of names with long numbers, one token a digit, spends ten tokens and more a word)."""
+    return max(1024, 8 * cap + 8)
 
 
 def characters(piece: bytes) -> list[str]:
