@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tokenswift_cli.parsing import parse_tokens
 from tokenswift_cli.quality.text import Stretch, degenerate_share
+from tokenswift_cli.sampling.capitals import longest_run
 
 TOKENSWIFT = [sys.executable, "-m", "tokenswift_cli"]
 PROMPT = (
@@ -158,6 +159,7 @@ def _row(job: Job, folder: Path) -> dict | None:
         "nll_by_position": [b["nll"] for b in report["buckets"]],
         "distinct": [statistics.fmean(w["distinct"][n] for w in distinct) for n in range(4)],
         "repeated_sentences": report["repeated_sentences"],
+        "capitalised_in_a_row": longest_run((folder / "text.txt").read_text(encoding="utf-8")),
         "tokens_per_second": stats["tokens_per_second"], "tokens_per_step": stats["mean_accepted_length"],
     }  # fmt: skip
 

@@ -14,7 +14,16 @@ from test_scripts import byte_level_tokenizer
 from tokenswift_cli.config import ConfigError, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.runs.run_model import with_scripts_filter
-from tokenswift_cli.sampling.capitals import INSIDE, LONE_CAPITAL, OUTSIDE, CapitalsRule, Passage, characters, passage
+from tokenswift_cli.sampling.capitals import (
+    INSIDE,
+    LONE_CAPITAL,
+    OUTSIDE,
+    CapitalsRule,
+    Passage,
+    characters,
+    longest_run,
+    passage,
+)
 from tokenswift_cli.sampling.distribution import target_scores
 
 # Whole characters only (split bytes are tested on their own): the text definition below reads them as they are.
@@ -86,6 +95,14 @@ def test_a_token_is_banned_when_it_would_pass_the_cap() -> None:
             fired += banned[token] and token != len(PIECES)
     assert fired > 100  # the cap was met often enough to matter
     assert rule.banned_after((0, OUTSIDE))[len(PIECES)]  # four in a row inside one token: always banned
+
+
+def test_the_longest_run_of_a_text_is_the_rule_s_count() -> None:
+    rng = random.Random(2)
+    for _ in range(300):
+        text = spell([rng.randrange(len(PIECES)) for _ in range(rng.randint(0, 60))])
+        assert longest_run(text) == max(in_a_row(text), default=0), text
+    assert longest_run("Henry V. (1600). King Lear (1608). A Midsummer Night's Dream, and THE END") == 6
 
 
 def test_the_state_is_read_from_the_last_tokens_only() -> None:

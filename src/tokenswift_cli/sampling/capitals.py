@@ -91,6 +91,12 @@ def passage(piece: bytes, entry: int) -> Passage:
     return Passage(lead=lead, inner=inner, resets=resets, tail=run if resets else lead, exit=where)
 
 
+def longest_run(text: str) -> int:
+    """The most capitalised words in a row anywhere in `text`, as the rule counts them."""
+    whole = passage(text.encode(), OUTSIDE)
+    return max(whole.lead, whole.inner)
+
+
 class CapitalsRule:
     """Which tokens may come next, by the capitalised words the text ends with (capped at `cap`)."""
 
