@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -118,7 +119,9 @@ def _finish(job: Job, index: dict[str, str], index_path: Path, a: argparse.Names
         cmd = [*TOKENSWIFT, "eval", run, "--runs-dir", str(a.runs_dir), "--bucket", str(a.bucket), "--json"]
         cmd += ["--no-perplexity"] if a.no_perplexity else []
         cmd += ["--sample", str(a.judge_sample)] if a.judge_sample and not a.no_perplexity else []
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        # the judge on as many threads as the runs: two screens sharing two cores do not oversubscribe them
+        alone = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=alone).stdout
         judged.write_text(out)
 
 
