@@ -226,7 +226,7 @@ def test_the_table_says_why_generate_is_not_compared() -> None:
     assert generate_gaps(greedy, target, context=32) == ()
     rules = dataclasses.replace(EMBEDDED, temperature=0.0, scripts=("latin",))
     assert Equality(gaps=generate_gaps(greedy.replace(sampling=rules), target, 32)).label() == (
-        "n/a (extra rules: dry, scripts, spacing, word cap)"
+        "n/a (extra rules: dry, scripts, spacing, word cap, capitals cap)"
     )
     assert Equality(gaps=generate_gaps(greedy.replace(sampling=PAPER), target, 32)).label() == "n/a (sampled)"
     short_penalty = SamplingConfig(penalty=1.2, penalty_window=16)
