@@ -57,7 +57,7 @@ def characters(piece: bytes) -> list[str]:
 
 
 def _in_word(char: str) -> bool:
-    return char.isalnum() or char in "'’" or (char != "" and unicodedata.category(char).startswith("M"))
+    return char.isalnum() or char in "'’" or unicodedata.category(char).startswith("M")
 
 
 @dataclass(frozen=True)
