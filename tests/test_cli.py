@@ -135,7 +135,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         "--runs-dir", tmp_path / "runs", "--stop-at-eos", "-q", "--context-window", "2k", "--sinks", "8",
         "--dry", "0.8", "--dry-base", "1.3", "--scripts", "latin,greek", "--weights", "int4", "--lookup", "24",
         "--xtc", "0.5", "--xtc-threshold", "0.15", "--spacing", "--max-word", "30",
-        "--max-capitalised", "5",
+        "--max-capitalised", "5", "--max-spaces", "6",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     sampling = SamplingConfig(
@@ -155,6 +155,7 @@ def test_write_maps_every_flag(captured: dict[str, Any], prefix_file: Path, tmp_
         spacing=True,
         max_word=30,
         max_capitalised=5,
+        max_spaces=6,
     )
     draft = DraftConfig(tree=(1, 2, 2), ngram_top_k=None, partial_budget=None, source="verify", lookup_length=24)
     assert captured["write"] == {
@@ -695,16 +696,17 @@ def test_the_word_cap_is_recorded_and_a_run_resumes_exactly(tiny_folder: Path, p
     assert json.loads((off / "settings.json").read_text())["run_config"]["sampling"]["max_word"] is None
 
 
-def test_the_capitals_cap_is_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:
-    capped = ("--max-capitalised", "1", *SAMPLED)
+@pytest.mark.parametrize("flag", ["--max-capitalised", "--max-spaces"])
+def test_a_cap_is_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path, flag: str) -> None:
+    capped, name = (flag, "1", *SAMPLED), flag[2:].replace("-", "_")
     first, run = write_in_process(tiny_folder, prefix_file, 60, *capped)
-    assert json.loads((run / "settings.json").read_text())["run_config"]["sampling"]["max_capitalised"] == 1
+    assert json.loads((run / "settings.json").read_text())["run_config"]["sampling"][name] == 1
     more = cli("resume", run.name, "--tokens", 150, "-q")
     assert more.exit_code == 0, more.output
-    # The tiny model writes small letters only: the rule's effect is tested in test_capitals.
+    # The rules' effects are tested in test_capitals and test_whitespace (the tiny model writes neither often).
     assert first + more.stdout_bytes == reference(tiny_folder, prefix_file, 150, *capped)
-    _, off = write_in_process(tiny_folder, prefix_file, 5, "--max-capitalised", "0", *SAMPLED)
-    assert json.loads((off / "settings.json").read_text())["run_config"]["sampling"]["max_capitalised"] is None
+    _, off = write_in_process(tiny_folder, prefix_file, 5, flag, "0", *SAMPLED)
+    assert json.loads((off / "settings.json").read_text())["run_config"]["sampling"][name] is None
 
 
 def test_int4_weights_are_recorded_and_a_run_resumes_exactly(tiny_folder: Path, prefix_file: Path) -> None:

@@ -15,6 +15,7 @@ from tokenswift_cli.config import DraftConfig, ModelSpec, RunConfig, SamplingCon
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.model.loading import load_model
 from tokenswift_cli.model.target import Target
+from tokenswift_cli.sampling.whitespace import longest_run
 
 pytestmark = pytest.mark.slow
 PROMPT = Path(__file__).parent.parent / "prompts" / "lighthouse-keeper.txt"
@@ -162,9 +163,10 @@ def test_4bit_layers_in_cpp_and_in_python_write_the_same_text(kv_cache: str) -> 
     assert first_divergence(fast, plain) is None and first_divergence(python_layers, plain) is None
 
 
-def test_the_spacing_word_and_capitals_rules_on_the_embedded_model_keep_words_apart_losslessly() -> None:
-    """`--spacing`, `--max-word` and `--max-capitalised` with the real byte-level vocabulary: TokenSwift writes
-    plain decoding's text, with no glued pair, no word past the cap and no more capitalised words in a row."""
+def test_the_spacing_word_capitals_and_whitespace_rules_on_the_embedded_model_hold_losslessly() -> None:
+    """`--spacing`, `--max-word`, `--max-capitalised` and `--max-spaces` with the real byte-level vocabulary:
+    TokenSwift writes plain decoding's text, with no glued pair, no word past the cap, no more capitalised
+    words and no more whitespace in a row (one: no blank line)."""
     import dataclasses
     import re
 
@@ -178,7 +180,7 @@ def test_the_spacing_word_and_capitals_rules_on_the_embedded_model_keep_words_ap
     assert shipped is not None
     heads = load_heads(shipped, loaded.model.config, fingerprint=loaded.fingerprint)
     prompt = loaded.tokenizer(PROMPT.read_text())["input_ids"]
-    spaced = dataclasses.replace(EMBEDDED, spacing=True, max_word=8, max_capitalised=2)
+    spaced = dataclasses.replace(EMBEDDED, spacing=True, max_word=8, max_capitalised=2, max_spaces=1)
     sampling = with_scripts_filter(spaced, loaded.tokenizer, vocab, prefix=PROMPT.read_text())
     rule = sampling.spacing_rule
     assert rule is not None
@@ -193,3 +195,4 @@ def test_the_spacing_word_and_capitals_rules_on_the_embedded_model_keep_words_ap
     assert not re.search(r"[^\s\u0800-\U0010ffff]{9}", loaded.tokenizer.decode(plain)), text
     before = in_a_row(PROMPT.read_text())
     assert max(in_a_row(PROMPT.read_text() + loaded.tokenizer.decode(plain))[len(before) :]) <= max(2, before[-1])
+    assert longest_run(loaded.tokenizer.decode(plain)) == 1

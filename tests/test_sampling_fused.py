@@ -17,16 +17,18 @@ from tokenswift_cli.sampling.capitals import CapitalsRule
 from tokenswift_cli.sampling.distribution import choose, reference_scores, target_scores
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
+from tokenswift_cli.sampling.whitespace import WhitespaceRule
 from tokenswift_cli.sampling.word_length import WordLengthRule
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the torch definition runs")
 
 INF = float("inf")
 PIECES = [b" the", b"the", b",", b"!", b"a", b"B", b"\xc3", b"\xa9", "\uff28".encode()[:2], "\uff28".encode()[2:],
-          " \u4e2d".encode(), b" Word", b"word", b"?", b" ,x", b"aB", "\u00e9".encode(), b"\xe4\xb8"]  # fmt: skip
+          " \u4e2d".encode(), b" Word", b"word", b"?", b" ,x", b"aB", "\u00e9".encode(), b"\xe4\xb8", b"  ",
+          b"\n "]  # fmt: skip
 
 
-Rules = tuple[ScriptFilter, SpacingRule, WordLengthRule, CapitalsRule]
+Rules = tuple[ScriptFilter, SpacingRule, WordLengthRule, CapitalsRule, WhitespaceRule]
 
 
 def vocabulary(vocab: int) -> list[bytes]:
@@ -42,6 +44,7 @@ def rules() -> dict[int, Rules]:
             SpacingRule(pieces, v),
             WordLengthRule(pieces, v, 4),
             CapitalsRule(pieces, v, 2),
+            WhitespaceRule(pieces, v, 2),
         )
 
     return {v: built(v) for v in (50, 1000, 49152)}
@@ -91,7 +94,7 @@ def random_config(rng: random.Random, vocab: int, rules: Rules) -> SamplingConfi
         suppress_token_ids=tuple(rng.sample(range(vocab), rng.choice([0, 1, 3]))),
         seed=rng.randrange(1000),
     )
-    script_filter, spacing, words, capitals = rules
+    script_filter, spacing, words, capitals, spaces = rules
     if rng.random() < 0.5:
         cfg = dataclasses.replace(cfg, scripts=("latin",), script_filter=script_filter)
     if rng.random() < 0.4:
@@ -100,6 +103,8 @@ def random_config(rng: random.Random, vocab: int, rules: Rules) -> SamplingConfi
         cfg = dataclasses.replace(cfg, max_word=words.cap, word_rule=words)
     if rng.random() < 0.4:
         cfg = dataclasses.replace(cfg, max_capitalised=capitals.cap, capitals_rule=capitals)
+    if rng.random() < 0.4:
+        cfg = dataclasses.replace(cfg, max_spaces=spaces.cap, spaces_rule=spaces)
     return cfg
 
 

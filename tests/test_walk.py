@@ -20,10 +20,12 @@ from tokenswift_cli.engine.walk import WALK, accept_on_device
 from tokenswift_cli.sampling.capitals import CapitalsRule
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
+from tokenswift_cli.sampling.whitespace import WhitespaceRule
 from tokenswift_cli.sampling.word_length import WordLengthRule
 
 VOCAB = 48
 PIECES = [b" the", b"the", b",", b"!", b"a", b"B", b"\xc3", b"\xa9", "\uff28".encode()[:2], "\uff28".encode()[2:]]
+PIECES += [b"  ", b"\n "]  # whitespace for the whitespace cap
 PIECES += [bytes([97 + i % 26]) * (1 + i % 3) for i in range(VOCAB - len(PIECES))]
 
 
@@ -72,6 +74,10 @@ CONFIGS = {  # short windows: most histories fill them, so the walks run at a gr
     "capitals cap": SamplingConfig(
         temperature=1.3, min_p=0.05, penalty=1.1, penalty_window=16, max_capitalised=1, seed=7,
         capitals_rule=CapitalsRule(PIECES, VOCAB, 1),
+    ),
+    "whitespace cap": SamplingConfig(
+        temperature=1.3, min_p=0.05, penalty=1.1, penalty_window=16, max_spaces=2, seed=8,
+        spaces_rule=WhitespaceRule(PIECES, VOCAB, 2),
     ),
 }  # fmt: skip
 

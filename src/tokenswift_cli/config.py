@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tokenswift_cli.sampling.capitals import CapitalsRule
     from tokenswift_cli.sampling.scripts import ScriptFilter
     from tokenswift_cli.sampling.spacing import SpacingRule
+    from tokenswift_cli.sampling.whitespace import WhitespaceRule
     from tokenswift_cli.sampling.word_length import WordLengthRule
 
 SCHEMA_VERSION = 1
@@ -29,6 +30,7 @@ KVCache = Literal["auto", "model", "float16", "int8"]
 KV_CACHES = ("auto", "model", "float16", "int8")
 DRAFT_SOURCES = ("pass", "verify", "ngram", "lookup")
 DRAFT_CHOICES = ("auto", *DRAFT_SOURCES)
+_BUILT = ("script_filter", "spacing_rule", "word_rule", "capitals_rule", "spaces_rule")  # from the tokenizer
 
 
 class ConfigError(ValueError):
@@ -55,8 +57,8 @@ class SamplingConfig:
     resolved before a run starts); the filter itself needs the tokenizer's bytes and is attached by
     `run_model.with_scripts_filter`, as is the rule of `spacing` (words kept apart: no letter right
     after `,;!?`, no capital right after a small letter; spacing.py) and of `max_word` (no word longer
-    than that many characters; word_length.py) and of `max_capitalised` (no more capitalised words in a row;
-    capitals.py).
+    than that many characters; word_length.py), of `max_capitalised` (no more capitalised words in a row;
+    capitals.py) and of `max_spaces` (no more whitespace characters in a row; whitespace.py).
     """
 
     temperature: float = 0.0
@@ -82,6 +84,8 @@ class SamplingConfig:
     word_rule: WordLengthRule | None = field(default=None, compare=False, repr=False)
     max_capitalised: int | None = None
     capitals_rule: CapitalsRule | None = field(default=None, compare=False, repr=False)
+    max_spaces: int | None = None
+    spaces_rule: WhitespaceRule | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
@@ -101,6 +105,7 @@ class SamplingConfig:
         _check(0 < self.xtc_threshold <= 0.5, "the XTC threshold must be in (0, 0.5]")
         _check(self.max_word is None or self.max_word >= 1, "the word cap must be >= 1")
         _check(self.max_capitalised is None or self.max_capitalised >= 1, "the capitals cap must be >= 1")
+        _check(self.max_spaces is None or self.max_spaces >= 1, "the whitespace cap must be >= 1")
         object.__setattr__(self, "suppress_token_ids", tuple(int(t) for t in self.suppress_token_ids))
         object.__setattr__(self, "scripts", tuple(str(s) for s in self.scripts))
         unknown = [s for s in self.scripts if s not in SCRIPTS and self.scripts != ("auto",)]
@@ -111,25 +116,23 @@ class SamplingConfig:
         return self.temperature == 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings, without what is built from the tokenizer (the scripts filter, the spacing, word and
-        capitals rules)."""
-        data = dataclasses.asdict(self.unbuilt())
-        del data["script_filter"], data["spacing_rule"], data["word_rule"], data["capitals_rule"]
-        return data
+        """The settings, without what is built from the tokenizer (the scripts filter and the rules)."""
+        return {k: v for k, v in dataclasses.asdict(self.unbuilt()).items() if k not in _BUILT}
 
     def unbuilt(self) -> SamplingConfig:
         """The settings without what is built from the tokenizer."""
-        return dataclasses.replace(self, script_filter=None, spacing_rule=None, word_rule=None, capitals_rule=None)
+        return dataclasses.replace(self, **dict.fromkeys(_BUILT))
 
     @property
     def context_length(self) -> int:
-        """Tokens before a draw that the target distribution depends on (penalty window, DRY range, word and
-        capitals rules)."""
-        from tokenswift_cli.sampling import capitals, word_length  # no torch: `--help` stays instant
+        """Tokens before a draw that the target distribution depends on (penalty window, DRY range, the
+        word, capitals and whitespace rules)."""
+        from tokenswift_cli.sampling import capitals, whitespace, word_length  # no torch: `--help` stays instant
 
         words = word_length.context_tokens(self.max_word) if self.max_word is not None else 0
         caps = capitals.context_tokens(self.max_capitalised) if self.max_capitalised is not None else 0
-        return max(self.penalty_window, self.dry_range if self.dry_multiplier is not None else 0, words, caps)
+        spaces = whitespace.context_tokens(self.max_spaces) if self.max_spaces is not None else 0
+        return max(self.penalty_window, self.dry_range if self.dry_multiplier is not None else 0, words, caps, spaces)
 
 
 @dataclass(frozen=True)

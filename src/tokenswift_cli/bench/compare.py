@@ -30,10 +30,11 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 def generate_gaps(config: RunConfig, target: Target, context: int) -> tuple[str, ...]:
     """What keeps `generate()` from writing the engine's text under `config` after `context` prefix tokens.
 
-    Empty when the texts must agree: greedy, no DRY, scripts filter, spacing rule or word cap, a repetition
-    penalty (if any) whose window holds the whole text (generate()'s covers all of it), no context window (generate()
-    attends to everything) and the KV cache stored as the model computes it. The end-of-text tokens
-    the engine suppresses, generate() suppresses too (`stock.generation_config`).
+    Empty when the texts must agree: greedy, no DRY, scripts filter, spacing rule, word, capitals or
+    whitespace cap, a repetition penalty (if any) whose window holds the whole text (generate()'s covers
+    all of it), no context window (generate() attends to everything) and the KV cache stored as the
+    model computes it. The end-of-text tokens the engine suppresses, generate() suppresses too
+    (`stock.generation_config`).
     """
     sampling = config.sampling
     gaps = [] if sampling.greedy else [SAMPLED]
@@ -47,6 +48,8 @@ def generate_gaps(config: RunConfig, target: Target, context: int) -> tuple[str,
         gaps.append("word cap")
     if sampling.max_capitalised is not None:
         gaps.append("capitals cap")
+    if sampling.max_spaces is not None:
+        gaps.append("whitespace cap")
     seen = context + config.max_new_tokens - 1  # the text before the last token's draw
     if sampling.penalty not in (None, 1.0) and sampling.penalty_window < seen:
         gaps.append("penalty window")

@@ -253,23 +253,14 @@ SpacingOpt = Annotated[
         "Keep words apart: no letter right after , ; ! ? nor a capital after a small letter.",
     ),
 ]
-MaxWordOpt = Annotated[
-    int | None,
-    _rule_option(
-        "--max-word",
-        "max_word",
-        "No word longer than this many characters (a run without a space; CJK and other wide characters end a word). "
-        "0 = off.",
-    ),
-]
-MaxCapitalisedOpt = Annotated[
-    int | None,
-    _rule_option(
-        "--max-capitalised",
-        "max_capitalised",
-        "No more capitalised words in a row (two letters or more; a small-letter word starts again). 0 = off.",
-    ),
-]
+_WORD_HELP = (
+    "No word longer than this many characters (a run without a space; CJK and other wide characters end one). 0 = off."
+)
+MaxWordOpt = Annotated[int | None, _rule_option("--max-word", "max_word", _WORD_HELP)]
+_CAPITALS_HELP = "No more capitalised words in a row (two letters or more; a small-letter word starts again). 0 = off."
+MaxCapitalisedOpt = Annotated[int | None, _rule_option("--max-capitalised", "max_capitalised", _CAPITALS_HELP)]
+_SPACES_HELP = "No more whitespace characters in a row (spaces, tabs, line ends). 0 = off."
+MaxSpacesOpt = Annotated[int | None, _rule_option("--max-spaces", "max_spaces", _SPACES_HELP)]
 SeedOpt = Annotated[
     int, typer.Option("--seed", help="Seed of the position-keyed random stream.", rich_help_panel=_SAMPLE)
 ]

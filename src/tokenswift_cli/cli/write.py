@@ -33,6 +33,7 @@ from tokenswift_cli.cli.options import (
     KVCacheOpt,
     LookupOpt,
     MaxCapitalisedOpt,
+    MaxSpacesOpt,
     MaxWordOpt,
     MinPOpt,
     ModelOpt,
@@ -130,6 +131,7 @@ def write(
     spacing: SpacingOpt = None,
     max_word: MaxWordOpt = None,
     max_capitalised: MaxCapitalisedOpt = None,
+    max_spaces: MaxSpacesOpt = None,
     seed: SeedOpt = SAMPLING_DEFAULTS.seed,
     mode: ModeOpt = "tokenswift",
     tree: TreeOpt = DEFAULT_TREE,
@@ -156,16 +158,12 @@ def write(
             penalty_window=penalty_window, seed=seed, dry_multiplier=dry or None,
             dry_base=dry_base, xtc_probability=xtc or None, xtc_threshold=xtc_threshold,
             scripts=None if scripts is None else parse_scripts(scripts), spacing=spacing,
-            max_word=max_word or None, max_capitalised=max_capitalised or None,
+            max_word=max_word or None, max_capitalised=max_capitalised or None, max_spaces=max_spaces or None,
         )  # fmt: skip
-        if dry == 0:  # "0 = off", also when the model's defaults turn DRY on
-            sampling = dataclasses.replace(sampling, dry_multiplier=None)
-        if xtc == 0:
-            sampling = dataclasses.replace(sampling, xtc_probability=None)
-        if max_word == 0:
-            sampling = dataclasses.replace(sampling, max_word=None)
-        if max_capitalised == 0:
-            sampling = dataclasses.replace(sampling, max_capitalised=None)
+        flags = {"dry_multiplier": dry, "xtc_probability": xtc, "max_word": max_word,
+                 "max_capitalised": max_capitalised, "max_spaces": max_spaces}  # fmt: skip
+        # "0 = off", also when the model's defaults turn the setting on
+        sampling = dataclasses.replace(sampling, **{name: None for name, flag in flags.items() if flag == 0})
         drafting = DraftConfig(
             tree=parse_tree(tree), ngram_top_k=off_if_zero(ngram_top_k), partial_budget=off_if_zero(partial_budget),
             lookup_length=off_if_zero(lookup),

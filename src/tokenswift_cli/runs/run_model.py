@@ -35,6 +35,7 @@ from tokenswift_cli.model.target import Target
 from tokenswift_cli.sampling.capitals import CapitalsRule
 from tokenswift_cli.sampling.scripts import ScriptFilter, scripts_of, token_bytes
 from tokenswift_cli.sampling.spacing import SpacingRule
+from tokenswift_cli.sampling.whitespace import WhitespaceRule
 from tokenswift_cli.sampling.word_length import WordLengthRule
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct"
@@ -185,8 +186,9 @@ def with_scripts_filter(
     sampling: SamplingConfig, tokenizer: Any, vocab_size: int, prefix: str | None = None
 ) -> SamplingConfig:
     """`sampling` with "auto" resolved to the scripts of `prefix`, and the scripts filter, the spacing
-    rule and the word rule (when asked for) built from `tokenizer`."""
-    if not sampling.spacing and not sampling.scripts and sampling.max_word is None and sampling.max_capitalised is None:
+    rule and the word, capitals and whitespace rules (when asked for) built from `tokenizer`."""
+    caps = (sampling.max_word, sampling.max_capitalised, sampling.max_spaces)
+    if not sampling.spacing and not sampling.scripts and caps == (None, None, None):
         return sampling
     vocabulary = token_bytes(tokenizer)  # the bytes of the whole vocabulary, read once for all
     if sampling.spacing:
@@ -196,6 +198,9 @@ def with_scripts_filter(
     if sampling.max_capitalised is not None:
         rule = CapitalsRule(vocabulary, vocab_size, sampling.max_capitalised)
         sampling = dataclasses.replace(sampling, capitals_rule=rule)
+    if sampling.max_spaces is not None:
+        spaces = WhitespaceRule(vocabulary, vocab_size, sampling.max_spaces)
+        sampling = dataclasses.replace(sampling, spaces_rule=spaces)
     if not sampling.scripts:
         return sampling
     names = sampling.scripts

@@ -37,6 +37,7 @@ from tokenswift_cli.sampling.capitals import CapitalsRule
 from tokenswift_cli.sampling.dry import dry_amounts, dry_penalties
 from tokenswift_cli.sampling.scripts import ScriptFilter
 from tokenswift_cli.sampling.spacing import SpacingRule
+from tokenswift_cli.sampling.whitespace import WhitespaceRule
 from tokenswift_cli.sampling.word_length import WordLengthRule
 
 
@@ -97,6 +98,9 @@ def filter_rules(cfg: SamplingConfig) -> list[tuple[Any, int]]:
     if cfg.max_capitalised is not None:
         capitals = _capitals_rule(cfg)
         rules.append((capitals, capitals.context_tokens))
+    if cfg.max_spaces is not None:
+        spaces = _spaces_rule(cfg)
+        rules.append((spaces, spaces.context_tokens))
     return rules
 
 
@@ -173,6 +177,12 @@ def _capitals_rule(cfg: SamplingConfig) -> CapitalsRule:
     if cfg.capitals_rule is None or cfg.capitals_rule.cap != cfg.max_capitalised:
         raise ConfigError("the capitals rule needs the tokenizer: attach it with run_model.bind_scripts")
     return cfg.capitals_rule
+
+
+def _spaces_rule(cfg: SamplingConfig) -> WhitespaceRule:
+    if cfg.spaces_rule is None or cfg.spaces_rule.cap != cfg.max_spaces:
+        raise ConfigError("the whitespace rule needs the tokenizer: attach it with run_model.bind_scripts")
+    return cfg.spaces_rule
 
 
 def _spacing_rule(cfg: SamplingConfig) -> SpacingRule:

@@ -19,10 +19,8 @@ decoding apply it alike, as part of the target distribution.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # torch is imported where a mask is built: `tokenswift --help` stays instant
-    import torch
+from tokenswift_cli.sampling.run_length import RunLengthRule
 
 _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 
@@ -44,40 +42,8 @@ def context_tokens(cap: int) -> int:
     return 4 * cap + 3
 
 
-class WordLengthRule:
+class WordLengthRule(RunLengthRule):
     """Which tokens may come next, by the length of the word the text ends with (capped at `cap`)."""
 
     def __init__(self, vocabulary: Sequence[bytes], vocab_size: int, cap: int) -> None:
-        import torch
-
-        self.cap = cap
-        pieces = list(vocabulary[:vocab_size]) + [b""] * max(vocab_size - len(vocabulary), 0)
-        runs = [word_runs(p) for p in pieces]
-        self._ends_word = [None in r for r in runs]  # whether a token holds a word's end
-        self._last_run = [r[-1] or 0 for r in runs]  # the characters of the word it leaves open
-        self._first_run = torch.tensor([r[0] or 0 for r in runs])  # [vocab]: what it adds to the open word
-        self._always = torch.tensor([max((n or 0 for n in r[1:]), default=0) > cap for r in runs])  # [vocab]
-        self._banned: dict[int, torch.Tensor] = {}
-        self.context_tokens = context_tokens(cap)
-
-    def banned(self, context: Sequence[int]) -> torch.Tensor:
-        """Bool `[vocab]`: the tokens that may not follow `context` (the path's last tokens)."""
-        return self.banned_after(self.state(context))
-
-    def state(self, context: Sequence[int]) -> int:
-        """The characters of the word `context` ends with, at most the cap."""
-        length = 0
-        for token in reversed(context):
-            inside = token < len(self._last_run)
-            length += self._last_run[token] if inside else 0
-            if length >= self.cap:
-                return self.cap
-            if inside and self._ends_word[token]:
-                break
-        return length
-
-    def banned_after(self, state: int) -> torch.Tensor:
-        """Bool `[vocab]`: the tokens that may not follow a word of `state` characters."""
-        if state not in self._banned:
-            self._banned[state] = self._always | (self._first_run > self.cap - state)
-        return self._banned[state]
+        super().__init__(vocabulary, vocab_size, cap, word_runs, context_tokens(cap))
