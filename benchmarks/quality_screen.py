@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tokenswift_cli.parsing import parse_tokens
 from tokenswift_cli.quality.text import Stretch, degenerate_share
-from tokenswift_cli.sampling.capitals import longest_run
+from tokenswift_cli.sampling import capitals, whitespace
 
 TOKENSWIFT = [sys.executable, "-m", "tokenswift_cli"]
 PROMPT = (
@@ -155,14 +155,14 @@ def _row(job: Job, folder: Path) -> dict | None:
         return None
     report = json.loads(judged.read_text())
     stats = _show(folder.name, folder.parent)["statistics"]
-    distinct = report["distinct"]
+    distinct, text = report["distinct"], (folder / "text.txt").read_text(encoding="utf-8")
     return {
         "label": job.label, "run": folder.name, "args": list(job.args), "tokens": report["tokens"],
         "degenerate": _degenerate(report["stretches"]), "stretches": _kinds(report["stretches"]),
         "nll_by_position": [b["nll"] for b in report["buckets"]],
         "distinct": [statistics.fmean(w["distinct"][n] for w in distinct) for n in range(4)],
         "repeated_sentences": report["repeated_sentences"],
-        "capitalised_in_a_row": longest_run((folder / "text.txt").read_text(encoding="utf-8")),
+        "capitalised_in_a_row": capitals.longest_run(text), "whitespace_in_a_row": whitespace.longest_run(text),
         "tokens_per_second": stats["tokens_per_second"], "tokens_per_step": stats["mean_accepted_length"],
     }  # fmt: skip
 
