@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # torch is imported where a mask is built: `tokenswift --help
     import torch
 
 Runs = Callable[[bytes], list[int | None]]
+WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")  # ASCII's, one byte a character
 
 
 class RunLengthRule:

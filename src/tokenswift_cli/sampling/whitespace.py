@@ -18,9 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from tokenswift_cli.sampling.run_length import RunLengthRule
-
-_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
+from tokenswift_cli.sampling.run_length import WHITESPACE, RunLengthRule
 
 
 def whitespace_runs(piece: bytes) -> list[int | None]:
@@ -28,7 +26,7 @@ def whitespace_runs(piece: bytes) -> list[int | None]:
     byte): b" \\n a  " -> [3, None, 2]."""
     runs: list[int | None] = [0]
     for byte in piece:
-        if byte in _WHITESPACE:
+        if byte in WHITESPACE:
             runs[-1] = (runs[-1] or 0) + 1
         else:
             runs += [None, 0]

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenswift_cli.sampling.run_length import RunLengthRule
-
-_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
+from tokenswift_cli.sampling.run_length import WHITESPACE, RunLengthRule
 
 
 def word_runs(piece: bytes) -> list[int | None]:
@@ -30,7 +28,7 @@ def word_runs(piece: bytes) -> list[int | None]:
     character): b"ab cd" -> [2, None, 2]."""
     runs: list[int | None] = [0]
     for byte in piece:
-        if byte in _WHITESPACE or byte >= 0xE0:  # a space, or the first byte of a character from U+0800
+        if byte in WHITESPACE or byte >= 0xE0:  # a space, or the first byte of a character from U+0800
             runs += [None, 0]
         elif not 0x80 <= byte < 0xC0:  # continuation bytes belong to the character already counted
             runs[-1] = (runs[-1] or 0) + 1
