@@ -92,15 +92,12 @@ def filter_rules(cfg: SamplingConfig) -> list[tuple[Any, int]]:
         rules.append((_script_filter(cfg), 4))
     if cfg.spacing:
         rules.append((_spacing_rule(cfg), 1))
-    if cfg.max_word is not None:
-        words = _word_rule(cfg)
-        rules.append((words, words.context_tokens))
-    if cfg.max_capitalised is not None:
-        capitals = _capitals_rule(cfg)
-        rules.append((capitals, capitals.context_tokens))
-    if cfg.max_spaces is not None:
-        spaces = _spaces_rule(cfg)
-        rules.append((spaces, spaces.context_tokens))
+    caps = (("word", cfg.max_word, cfg.word_rule), ("capitals", cfg.max_capitalised, cfg.capitals_rule),
+            ("whitespace", cfg.max_spaces, cfg.spaces_rule))  # fmt: skip
+    for name, cap, rule in caps:
+        if cap is not None:
+            built = _capped_rule(name, cap, rule)
+            rules.append((built, built.context_tokens))
     return rules
 
 
@@ -167,22 +164,13 @@ def _script_filter(cfg: SamplingConfig) -> ScriptFilter:
     return cfg.script_filter
 
 
-def _word_rule(cfg: SamplingConfig) -> WordLengthRule:
-    if cfg.word_rule is None or cfg.word_rule.cap != cfg.max_word:
-        raise ConfigError("the word rule needs the tokenizer: attach it with run_model.bind_scripts")
-    return cfg.word_rule
-
-
-def _capitals_rule(cfg: SamplingConfig) -> CapitalsRule:
-    if cfg.capitals_rule is None or cfg.capitals_rule.cap != cfg.max_capitalised:
-        raise ConfigError("the capitals rule needs the tokenizer: attach it with run_model.bind_scripts")
-    return cfg.capitals_rule
-
-
-def _spaces_rule(cfg: SamplingConfig) -> WhitespaceRule:
-    if cfg.spaces_rule is None or cfg.spaces_rule.cap != cfg.max_spaces:
-        raise ConfigError("the whitespace rule needs the tokenizer: attach it with run_model.bind_scripts")
-    return cfg.spaces_rule
+def _capped_rule(
+    name: str, cap: int, rule: WordLengthRule | CapitalsRule | WhitespaceRule | None
+) -> WordLengthRule | CapitalsRule | WhitespaceRule:
+    """The built rule of a cap, checked to be built for that cap."""
+    if rule is None or rule.cap != cap:
+        raise ConfigError(f"the {name} rule needs the tokenizer: attach it with run_model.bind_scripts")
+    return rule
 
 
 def _spacing_rule(cfg: SamplingConfig) -> SpacingRule:
