@@ -8,7 +8,6 @@ import torch
 from helpers import first_divergence, random_heads, random_prompt, tiny_target
 
 from tokenswift_cli.backends.cpu.exact_attention import exact_attention
-from tokenswift_cli.backends.rows import exact_rows
 from tokenswift_cli.config import ContextWindow, DraftConfig, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
 from tokenswift_cli.engine.tree import build_tree
@@ -78,15 +77,3 @@ def test_bfloat16_tokenswift_equals_bfloat16_plain(
     fast, stats = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig(tree=(1, 3, 3, 3))))
     assert first_divergence(fast, plain) is None
     assert stats.iterations < len(plain)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(("features", "out"), [(64, 128), (1536, 576)])  # 1536 -> 576: the embedded model's down_proj
-def test_exact_rows_gives_a_row_its_bits_alone_whatever_the_batch(dtype: torch.dtype, features: int, out: int) -> None:
-    torch.manual_seed(features)
-    linear = torch.nn.Linear(features, out, bias=False).to(dtype)
-    x = torch.randn(1, 40, features).to(dtype)
-    alone = torch.cat([exact_rows(linear, x[:, i : i + 1]) for i in range(40)], dim=1)
-    for rows in range(1, 41):  # 1-3 and 5-7 rows took other kernels than 4 or 8 on an AMD EPYC
-        assert torch.equal(exact_rows(linear, x[:, :rows]), alone[:, :rows]), rows
-        assert torch.equal(exact_rows(linear, x[0, :rows], dim=0), alone[0, :rows]), rows

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
+from tokenswift_cli.backends.cpu import dense
 from tokenswift_cli.backends.placement import execution_device
-from tokenswift_cli.backends.rows import exact_rows
 from tokenswift_cli.model.cache import _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
 
@@ -77,5 +77,6 @@ class Backend(ABC):
         if self.q8_head is not None:
             return self.q8_head.logits(hidden)
         rows = hidden.to(self.head_device).reshape(-1, hidden.shape[-1])
-        logits = exact_rows(self.lm_head, rows, dim=0).float()  # a row's bits, whatever the batch
+        # a row's bits whatever the batch (on a CPU; CUDA's exact backend pads to one row count instead)
+        logits = (dense.apply(self.lm_head, rows) if rows.device.type == "cpu" else self.lm_head(rows)).float()
         return logits.reshape(*hidden.shape[:-1], -1)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tokenswift_cli import __version__
-from tokenswift_cli.backends.cpu import int4, kernels
+from tokenswift_cli.backends.cpu import dense, int4, kernels
 from tokenswift_cli.config import ConfigError, ModelSpec, RunConfig
 from tokenswift_cli.engine.state import GenerationState, kv_storage, prefill
 from tokenswift_cli.model import kv_rows, memory
@@ -253,6 +253,11 @@ def _note_other_arithmetic(run_dir: Path, settings: dict[str, Any], loaded: RunM
         renderer.note(
             f"{run_dir.name} was written with the 4-bit model's products computed from {recorded or 'dense weights'}, "
             f"resumes with {here or 'dense weights'}: {parted}"
+        )
+    recorded, here = model.get("dense_arithmetic", dense.EARLIER), loaded.settings.get("dense_arithmetic")
+    if recorded is not None and here is not None and recorded != here:
+        renderer.note(
+            f"{run_dir.name} was written with its dense products computed by {recorded}, resumes with {here}: {parted}"
         )
     recorded, here = model.get("kv_arithmetic", kv_rows.EARLIER), loaded.settings.get("kv_arithmetic")
     if settings["run_config"].get("kv_cache") == "int8" and recorded != here:

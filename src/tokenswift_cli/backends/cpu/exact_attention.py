@@ -5,16 +5,14 @@ kernel rescales and rounds per tile of rows and keys), so a tree's logits drift 
 decoding's by up to ~0.5 and the texts part. Here every reduction that rounds is laid out by
 *absolute position*, so it is the same for a row whatever else is in the batch:
 
-* scores `q @ K^T` and each block's `P @ V` are bfloat16 matrix products of at most `EXACT_ROWS`
-  rows, which oneDNN computes with the same accumulation order for any such number of rows
-  (measured on this CPU; with more rows it switches kernels and a row's result can change);
+* scores `q @ K^T` and each block's `P @ V` are the row-exact dense products (`dense.py`: one
+  float32 order per output, whatever the rows or the CPU; a BLAS switches kernels by shape and CPU);
 * `P @ V` runs per block of `BLOCK` absolute positions, zero-padded where a row sees nothing, so
   plain decoding and a tree feed every block product the very same vectors;
 * the max is exact, and the sums over blocks and keys are taken in float64, where the order of
   a few hundred terms no longer shows after rounding back.
 
-The linear layers need the same care (a product of 28, 30, 32 or 40+ rows took another kernel
-here), so in exact mode they too run on at most `EXACT_ROWS` rows at a time (`rows.exact_rows`).
+The linear layers need the same care, so in exact mode they too run through `dense.apply`.
 
 float32 has a cheaper layout of the same idea (`exact_float32.py`), which `exact_attention` takes
 for float32 inputs.
@@ -27,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from tokenswift_cli.backends.cpu.dense import column_products, row_products
 from tokenswift_cli.backends.cpu.exact_float32 import Float32Layout, exact_attention_float32
-from tokenswift_cli.backends.rows import EXACT_ROWS
 from tokenswift_cli.model.attention import pack_queries, unpack_output
 
 BLOCK = 256
@@ -40,9 +38,14 @@ def _per_row(tail: torch.Tensor, new: torch.Tensor, own: torch.Tensor) -> torch.
     return torch.cat([tail[:, :, None].expand(-1, -1, own.shape[0], -1, -1), mine], dim=3)
 
 
-def _rows(left: torch.Tensor, right: torch.Tensor, dim: int = 2) -> torch.Tensor:
-    """`left @ right`, at most `EXACT_ROWS` rows of `left` (along `dim`) per product."""
-    return torch.cat([part @ right for part in left.split(EXACT_ROWS, dim=dim)], dim=dim)
+def _block_values(probs: torch.Tensor, values: torch.Tensor, blocks: int, block: int) -> torch.Tensor:
+    """Per block of `block` positions, `probs` `[1, kv, rows, nb * B]` times `values` `[1, kv, nb * B, d]`
+    -> `[nb, 1, kv, rows, d]` float32."""
+    parts = []
+    for head in range(values.shape[1]):  # one head's cache rows are one contiguous stretch: no copy
+        p = probs[0, head].unflatten(-1, (blocks, block)).transpose(0, 1)  # [nb, rows, B]
+        parts.append(column_products(p, values[0, head].unflatten(0, (blocks, block))))  # [nb, rows, d]
+    return torch.stack(parts, dim=1)[:, None]
 
 
 def exact_attention(
@@ -107,16 +110,14 @@ def exact_attention(
     own = ancestor.repeat(group, 1)  # [g*q, e]: packed row j is tree row j % q
     row_keys = _per_row(cache_keys[:, :, shared:], keys[:, :, stored:], own).unflatten(3, (mixed, block))
     row_values = _per_row(cache_values[:, :, shared:], values[:, :, stored:], own).unflatten(3, (mixed, block))
-    # Every product has one block of keys (N = block) and at most EXACT_ROWS rows.
-    shared_keys = cache_keys[:, :, :shared].unflatten(2, (cache_blocks, block))  # [1, kv, nb, B, d]
+    n_rows = packed.shape[2]  # g*q
+    own_scores = row_products(  # each row against its own blocks' keys: [kv * g*q, 1, m*B]
+        packed[0].reshape(kv * n_rows, 1, -1), row_keys[0].reshape(kv * n_rows, mixed * block, -1)
+    )
     scores = torch.cat(
-        [
-            _rows(packed[:, :, None], shared_keys.transpose(-1, -2), dim=3).transpose(2, 3).flatten(3),
-            (packed[:, :, :, None, None] @ row_keys.transpose(-1, -2)).flatten(3),  # [1, kv, g*q, m*B]
-        ],
-        dim=-1,
-    )  # [1, kv, g*q, slots]
-    scores = scores.float().masked_fill(~visible.repeat(group, 1), float("-inf")) * scaling
+        [row_products(packed[0], cache_keys[0, :, :shared])[None], own_scores.reshape(1, kv, n_rows, -1)], dim=-1
+    )  # [1, kv, g*q, slots] float32
+    scores = scores.masked_fill(~visible.repeat(group, 1), float("-inf")) * scaling
     top = scores.amax(-1, keepdim=True)
     sink_scores = None
     if sinks:
@@ -130,11 +131,10 @@ def exact_attention(
     probs = weights.to(values.dtype)
     parts = []  # [blocks, 1, kv, g*q, d]: partial numerators, one per block
     if cache_blocks > 0:
-        p = probs[..., :shared].unflatten(-1, (cache_blocks, block)).transpose(2, 3)  # [1, kv, nb, g*q, B]
-        v = cache_values[:, :, :shared].unflatten(2, (cache_blocks, block))  # [1, kv, nb, B, d]
-        parts.append(_rows(p, v, dim=3).permute(2, 0, 1, 3, 4))
-    p = probs[..., shared:].unflatten(-1, (mixed, 1, block))  # [1, kv, g*q, m, 1, B]
-    parts.append((p @ row_values)[..., 0, :].permute(3, 0, 1, 2, 4))
+        parts.append(_block_values(probs[..., :shared], cache_values[:, :, :shared], cache_blocks, block))
+    p = probs[0, :, :, shared:].reshape(kv * n_rows * mixed, 1, block)  # each row's own blocks
+    own_values = column_products(p, row_values[0].reshape(kv * n_rows * mixed, block, -1))  # [kv*g*q*m, 1, d]
+    parts.append(own_values.reshape(1, kv, n_rows, mixed, -1).permute(3, 0, 1, 2, 4))
     if sink_scores is not None:
         sink_weights = torch.exp(sink_scores - top)
         total = total + sink_weights.double().sum(-1)

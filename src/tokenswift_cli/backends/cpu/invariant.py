@@ -4,9 +4,9 @@ That is a model computing in bfloat16/float16, or with 4-bit layers, which round
 bfloat16: float32 noise of ~1e-7 near a rounding edge becomes a 2^-9 step. There, an exact forward
 (verification; plain decoding is verification of the root alone) gives each token the bits it gets
 alone: batch-invariant attention (`exact_attention.py`, `exact_float32.py`, or the C++ row kernel)
-and linear layers in fixed-size products (`rows.py`). Invariance was measured on CPUs (oneDNN, MKL),
-which is why this mode lives here. With 4-bit weights, the C++ decoder runs every layer in one call
-and a Q8_0 head reads int8 (`native_decoder.py`, `q8_head.py`).
+and linear layers by the row-exact dense products (`dense.py`), one order per output on every CPU.
+With 4-bit weights, the C++ decoder runs every layer in one call and a Q8_0 head reads int8
+(`native_decoder.py`, `q8_head.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedModel
 
-from tokenswift_cli.backends.cpu import kernels
+from tokenswift_cli.backends.cpu import dense, kernels
 from tokenswift_cli.backends.cpu import row_attention as row_kernel
 from tokenswift_cli.backends.cpu.exact_attention import exact_attention
 from tokenswift_cli.backends.cpu.exact_float32 import Float32Layout, exact_attention_float32
@@ -27,7 +27,6 @@ from tokenswift_cli.backends.cpu.native_decoder import NativeDecoder
 from tokenswift_cli.backends.cpu.q8_head import Q8Head
 from tokenswift_cli.backends.cpu.row_attention import RowLayout, row_attention
 from tokenswift_cli.backends.lean import Attention, FastAttention, LeanBackend, Rotation
-from tokenswift_cli.backends.rows import exact_rows
 from tokenswift_cli.model.cache import FullCache, Tiles, _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
 
@@ -46,13 +45,13 @@ def q8_head_for(model: PreTrainedModel) -> Q8Head | None:
 
 @dataclass(frozen=True)
 class ExactAttention:
-    """Batch-invariant attention in bfloat16/float16 (`exact_attention.py`), linear layers by fixed rows."""
+    """Batch-invariant attention in bfloat16/float16 (`exact_attention.py`), linear layers row-exact."""
 
     fast: FastAttention  # this forward's positions, window and sink rotation
     reads_storage: ClassVar[bool] = False
 
     def rows(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return exact_rows(module, x)
+        return dense.apply(module, x)
 
     def to(self, device: torch.device) -> ExactAttention:
         return dataclasses.replace(self, fast=self.fast.to(device))

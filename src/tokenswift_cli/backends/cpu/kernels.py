@@ -34,6 +34,7 @@ SOURCES = tuple(
         "row_attention.cpp",
         "q8_attention.cpp",
         "quantised_products.cpp",
+        "dense_products.cpp",
         "decoder.cpp",
         "scores.cpp",
         "bindings.cpp",
@@ -41,8 +42,41 @@ SOURCES = tuple(
 )
 HEADERS = tuple(Path(__file__).with_name("csrc") / n for n in ("simd.h", "parallel.h", "row_blocks.h"))
 # -ffp-contract=off: the compiler fuses no multiply-add on its own (see row_attention.cpp)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
+BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
+# The instruction sets a build may target (TOKENSWIFT_ISA): every one gives the same bits (each kernel
+# documents its one order), so the narrower ones are there to prove it on one machine (tests/test_isas.py).
+# name -> (gcc's -march, the /proc/cpuinfo flags a CPU needs to run it)
+ISAS = {
+    "native": ("native", ()),
+    "avx512-vnni": ("icelake-server", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi")),  # no BF16
+    "avx512": ("skylake-avx512", ("avx512f", "avx512bw", "avx512vl")),  # no VNNI
+    "avx2": ("haswell", ("avx2", "fma", "f16c")),  # most laptops
+    "portable": ("x86-64", ()),  # SSE2: the compiler's own lanes
+}
 log = logging.getLogger(__name__)
+
+
+def isa() -> str:
+    """The instruction set the kernels are built for: $TOKENSWIFT_ISA, else `native` (this CPU's)."""
+    name = os.environ.get("TOKENSWIFT_ISA", "native") or "native"
+    if name not in ISAS:
+        raise RuntimeError(f"TOKENSWIFT_ISA={name}: not one of {', '.join(ISAS)}")
+    return name
+
+
+def isa_runs_here(name: str) -> bool:
+    """Whether this CPU has the instructions of build `name` (x86 only for all but `native`)."""
+    if name == "native":
+        return True
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    flags = set(cpu_identity().split())
+    return all(flag in flags for flag in ISAS[name][1])
+
+
+def flags() -> tuple[str, ...]:
+    """The compiler's flags for the chosen instruction set."""
+    return (*BASE_FLAGS, f"-march={ISAS[isa()][0]}")
 
 
 def available() -> bool:
@@ -86,7 +120,7 @@ def compiler_identity() -> str:
 
 def build_name() -> str:
     """The cached build's name: a digest of everything that makes another build."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + " ".join(FLAGS).encode())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + " ".join(flags()).encode())
     digest.update(torch.__version__.encode())
     # ninja's build file names the sources by path: two checkouts sharing one folder would rebuild
     # each other's kernels at every load
@@ -109,6 +143,8 @@ def load() -> ModuleType:
 
     if os.environ.get("TOKENSWIFT_NO_KERNEL"):
         raise RuntimeError("TOKENSWIFT_NO_KERNEL is set")
+    if not isa_runs_here(isa()):
+        raise RuntimeError(f"TOKENSWIFT_ISA={isa()}: this CPU lacks its instructions")
     scripts = str(Path(sys.executable).parent)  # the `ninja` package's binary, when the venv is not on PATH
     if shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
@@ -122,7 +158,7 @@ def load() -> ModuleType:
         # flock, which the kernel drops with its process, no other load holds it: it is stale.
         (build / "lock").unlink(missing_ok=True)
         return cpp_extension.load(
-            name=build.name, sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
+            name=build.name, sources=[str(p) for p in SOURCES], extra_cflags=list(flags()), extra_ldflags=["-fopenmp"],
             build_directory=str(build), verbose=False,
         )  # fmt: skip
 

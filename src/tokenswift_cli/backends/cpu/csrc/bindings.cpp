@@ -15,6 +15,8 @@ int64_t target_draw(const at::Tensor& row, const at::Tensor& out, const at::Tens
                     const at::Tensor& suppress, const std::vector<at::Tensor>& banned, const at::Tensor& dry_table,
                     int64_t dry_range, int64_t dry_allowed, int64_t window, double penalty, double temperature,
                     int64_t top_k, double min_p, int64_t mode, double u, int64_t searched);
+at::Tensor dense_row_products(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
+at::Tensor dense_column_products(const at::Tensor& x, const at::Tensor& v);
 at::Tensor split_counts(int64_t size, int64_t grain, int64_t fail_at);
 void bind_decoder(pybind11::module& m);
 
@@ -25,6 +27,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_products", &q4_products, "4-bit weights times 8-bit activations, rows on their own (float32)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("q8_products", &q8_products, "8-bit weights times 8-bit activations, rows on their own (float32)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("dense_row_products", &dense_row_products, "x . w per row and output, one order on every CPU (float32)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("dense_column_products", &dense_column_products, "x @ v, k ascending, one order on every CPU (float32)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("target_draw", &target_draw, "the target's scores of one row of logits, and its argmax or draw (float32)");
   m.def("split_counts", &split_counts, "for the tests: the visits of each index by parallel.h's split",
