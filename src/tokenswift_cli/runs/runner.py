@@ -227,9 +227,8 @@ def _check_same_model(run_dir: Path, settings: dict[str, Any], loaded: RunModel)
 
 
 def _start_programs_before_locking(device_type: str | None) -> None:
-    """Run now what starts other programs once a process (`ldconfig` to find libc; on a CPU, the
-    kernels' compiler and ninja checks): a program starting while the run's lock is held holds the lock
-    too until it execs, so a run killed in that moment would look like it was still running."""
+    """Run now what starts other programs (`ldconfig` for libc; on a CPU, the kernels' compiler checks): one
+    starting while the run's lock is held holds it too until it execs (a run killed then looks alive)."""
     memory.libc()
     if device_type == "cpu" or device_type is None and not torch.cuda.is_available():
         kernels.available()
@@ -250,15 +249,11 @@ def _note_other_arithmetic(run_dir: Path, settings: dict[str, Any], loaded: RunM
     recorded = model.get("arithmetic", int4.EARLIER if model["spec"].get("weights") == "int4" else None)
     here = loaded.settings.get("arithmetic")
     if recorded != here:
-        renderer.note(
-            f"{run_dir.name} was written with the 4-bit model's products computed from {recorded or 'dense weights'}, "
-            f"resumes with {here or 'dense weights'}: {parted}"
-        )
+        by, now = recorded or "dense weights", here or "dense weights"
+        renderer.note(f"{run_dir.name} wrote the 4-bit model's products from {by}, resumes with {now}: {parted}")
     recorded, here = model.get("dense_arithmetic", dense.EARLIER), loaded.settings.get("dense_arithmetic")
-    if recorded is not None and here is not None and recorded != here:
-        renderer.note(
-            f"{run_dir.name} was written with its dense products computed by {recorded}, resumes with {here}: {parted}"
-        )
+    if None not in (recorded, here) and recorded != here:
+        renderer.note(f"{run_dir.name} was written with dense products by {recorded}, resumes with {here}: {parted}")
     recorded, here = model.get("kv_arithmetic", kv_rows.EARLIER), loaded.settings.get("kv_arithmetic")
     if settings["run_config"].get("kv_cache") == "int8" and recorded != here:
         renderer.note(

@@ -67,8 +67,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`module(x)` with its dense linear layers row-exact (a linear layer, or the families' gated MLP).
 
-    Other modules (the 4-bit layers) compute each row on its own already.
+    Other modules (the 4-bit layers) compute each row on its own already. A module whose weights
+    accelerate brings in at each call (offloaded layers) gets them through its hook, as in `module(x)`.
     """
+    hook = getattr(module, "_hf_hook", None)
+    if hook is not None:
+        (x,), _ = hook.pre_forward(module, x)
+        return hook.post_forward(module, _apply(module, x))
+    return _apply(module, x)
+
+
+def _apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if type(module) is torch.nn.Linear:
         return linear(x, module.weight, module.bias)
     down = getattr(module, "down_proj", None)
