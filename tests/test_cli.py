@@ -558,7 +558,7 @@ def test_a_run_records_its_4bit_arithmetic_and_says_when_it_resumes_under_anothe
     (folder / "settings.json").write_text(json.dumps(settings))
     resumed = cli("resume", folder.name, "--tokens", 40)
     assert resumed.exit_code == 0
-    assert f"computed from {int4.EARLIER}, resumes with {int4.ARITHMETIC}" in resumed.stderr
+    assert f"computed from {int4.EARLIER}; resumes with {int4.ARITHMETIC}" in resumed.stderr
     settings["model"]["arithmetic"] = int4.ARITHMETIC
     (folder / "settings.json").write_text(json.dumps(settings))
     again = cli("resume", folder.name, "--tokens", 60)  # the arithmetic it records: nothing to say

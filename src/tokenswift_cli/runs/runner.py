@@ -250,7 +250,7 @@ def _note_other_arithmetic(run_dir: Path, settings: dict[str, Any], loaded: RunM
     here = loaded.settings.get("arithmetic")
     if recorded != here:
         by, now = recorded or "dense weights", here or "dense weights"
-        renderer.note(f"{run_dir.name} wrote the 4-bit model's products from {by}, resumes with {now}: {parted}")
+        renderer.note(f"{run_dir.name}: 4-bit products computed from {by}; resumes with {now}: {parted}")
     recorded, here = model.get("dense_arithmetic", dense.EARLIER), loaded.settings.get("dense_arithmetic")
     if None not in (recorded, here) and recorded != here:
         renderer.note(f"{run_dir.name} was written with dense products by {recorded}, resumes with {here}: {parted}")
