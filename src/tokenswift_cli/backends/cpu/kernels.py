@@ -35,12 +35,16 @@ SOURCES = tuple(
         "q8_attention.cpp",
         "quantised_products.cpp",
         "dense_products.cpp",
+        "block_products.cpp",
         "decoder.cpp",
         "scores.cpp",
         "bindings.cpp",
     )
 )
-HEADERS = tuple(Path(__file__).with_name("csrc") / n for n in ("simd.h", "parallel.h", "row_blocks.h"))
+HEADERS = tuple(
+    Path(__file__).with_name("csrc") / n
+    for n in ("simd.h", "parallel.h", "row_blocks.h", "blocks.h", "blocks_legacy.h", "blocks_k.h")
+)
 # -ffp-contract=off: the compiler fuses no multiply-add on its own (see row_attention.cpp)
 BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
 # The instruction sets a build may target (TOKENSWIFT_ISA): every one gives the same bits (each kernel

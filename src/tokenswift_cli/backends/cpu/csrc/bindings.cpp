@@ -17,6 +17,8 @@ int64_t target_draw(const at::Tensor& row, const at::Tensor& out, const at::Tens
                     int64_t top_k, double min_p, int64_t mode, double u, int64_t searched);
 at::Tensor dense_row_products(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
 at::Tensor dense_column_products(const at::Tensor& x, const at::Tensor& v);
+at::Tensor block_products(const at::Tensor& x, const at::Tensor& weights, int64_t type,
+                          const std::optional<at::Tensor>& bias);
 at::Tensor split_counts(int64_t size, int64_t grain, int64_t fail_at);
 void bind_decoder(pybind11::module& m);
 
@@ -31,6 +33,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dense_row_products", &dense_row_products, "x . w per row and output, one order on every CPU (float32)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("dense_column_products", &dense_column_products, "x @ v, k ascending, one order on every CPU (float32)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("block_products", &block_products, "a GGUF file's weight blocks times 8-bit activations, rows on their own",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("target_draw", &target_draw, "the target's scores of one row of logits, and its argmax or draw (float32)");
   m.def("split_counts", &split_counts, "for the tests: the visits of each index by parallel.h's split",
