@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from tokenswift_cli.backends.cpu import dense
+from tokenswift_cli.backends.cpu import blocks, dense
 from tokenswift_cli.backends.placement import execution_device
 from tokenswift_cli.model.cache import _PreallocatedCache
 from tokenswift_cli.model.forward import Forward, QueryCapture
@@ -46,7 +46,7 @@ class Backend(ABC):
         self.decoder: Any = model.get_decoder()
         self.lm_head: Any = model.get_output_embeddings()
         self.device: torch.device = execution_device(self.decoder.embed_tokens)
-        self.dtype: torch.dtype = self.decoder.embed_tokens.weight.dtype
+        self.dtype: torch.dtype = blocks.compute_dtype(self.decoder.embed_tokens)
         # Under `--device auto` the layers may compute on several devices (`placement.py`): each layer's
         # keys/values live on its own, and the final norm's device is where the hidden states end up.
         self.layer_devices = [execution_device(layer) for layer in self.decoder.layers]

@@ -6,6 +6,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tokenswift_cli.backends.base import Backend
+from tokenswift_cli.backends.cpu.blocks import compute_dtype
 from tokenswift_cli.backends.cpu.invariant import BatchInvariantBackend, q8_head_for, rounds_inputs
 from tokenswift_cli.backends.cuda import padded
 from tokenswift_cli.backends.lean import LeanBackend, supports_lean
@@ -24,12 +25,12 @@ def backend_for(model: PreTrainedModel, *, lean: bool | None = None) -> Backend:
     # then attends as the stock backend does.
     model.set_attn_implementation(ATTENTION_NAME)
     lean = supports_lean(model) if lean is None else lean
-    weight = model.get_decoder().embed_tokens.weight
+    dtype = compute_dtype(model.get_decoder().embed_tokens)
     on_cpu = execution_device(model.get_decoder().embed_tokens).type == "cpu"
     if not lean:
         return StockBackend(model, q8_head=q8_head_for(model) if on_cpu else None)
     if padded.applies(model):  # CUDA: exact forwards at one padded row count (or forced, for tests)
         return padded.PaddedBackend(model)
-    if on_cpu and (weight.dtype != torch.float32 or rounds_inputs(model)):
+    if on_cpu and (dtype != torch.float32 or rounds_inputs(model)):
         return BatchInvariantBackend(model)
     return LeanBackend(model)

@@ -91,11 +91,12 @@ HeadsOpt = Annotated[
 ]  # fmt: skip
 DTypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16.", rich_help_panel=_MODEL)]
 _INT4 = "int4 (the decoder's linear layers on 4-bit weights, CPU)"
-_AUTO_WEIGHTS = "auto (4-bit on a CPU when the model already is, e.g. the embedded one)"
-_WEIGHTS = f"{_AUTO_WEIGHTS}, dense or {_INT4}."
+_GGUF = "gguf (a GGUF file's own blocks, read in place, CPU)"
+_AUTO_WEIGHTS = "auto (a GGUF file's own blocks on a CPU; int4 for a Q4_1 file such as the embedded one)"
+_WEIGHTS = f"{_AUTO_WEIGHTS}, {_GGUF}, dense (float32) or {_INT4}."
 WeightsOpt = Annotated[str, typer.Option("--weights", help=_WEIGHTS, rich_help_panel=_MODEL)]
 # eval's judge reads the dense weights unless told otherwise: its NLL is the model's, not a 4-bit copy's.
-_JUDGE_WEIGHTS = f"dense (the judge's NLL is the full-precision model's), {_AUTO_WEIGHTS} or {_INT4}."
+_JUDGE_WEIGHTS = f"dense (the judge's NLL is the full-precision model's), {_AUTO_WEIGHTS}, {_GGUF} or {_INT4}."
 JudgeWeightsOpt = Annotated[str, typer.Option("--weights", help=_JUDGE_WEIGHTS, rich_help_panel=_MODEL)]
 RopeScalingOpt = Annotated[
     str,

@@ -1,6 +1,8 @@
 """Load a causal LM (the embedded default, a GGUF file, a model folder or a hub id) for decoding.
 
-A GGUF file is de-quantised once (~20 s for the default) and cached as safetensors under `cache_dir()`.
+A GGUF file runs on its own blocks, mapped in place (`gguf_in_place.py`); under `--weights dense` or
+`int4` (and for the embedded Q4_1 file) it is de-quantised once and cached as safetensors under
+`cache_dir()`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from transformers.utils import logging as hf_logging
 
 from tokenswift_cli.backends.cpu import int4
 from tokenswift_cli.config import ModelSpec, Weights
-from tokenswift_cli.model import memory
+from tokenswift_cli.model import gguf_in_place, memory
 from tokenswift_cli.model.rope import RopePlan, apply_rope, plan_rope
 from tokenswift_cli.paths import cache_dir
 
@@ -94,7 +96,11 @@ def load_model(
     """
     name = spec.name
     path = default_model_path() if name == "default" else Path(name).expanduser()
+    if spec.weights == "gguf" and not path.is_file():
+        raise ModelLoadError(f"--weights gguf reads a GGUF file's blocks; {name} is not a file")
     with _quiet():
+        if path.is_file() and _runs_in_place(path, spec):
+            return _load_in_place(path, spec, attn_implementation, total_tokens)
         if path.is_dir():
             folder = path
         elif path.is_file():
@@ -117,6 +123,47 @@ def load_model(
             apply_rope(model, rope)
     resolved = dataclasses.replace(rope.resolved(spec), weights=weights)
     return LoadedModel(model, tokenizer, fingerprint, name, str(folder), resolved, rope)
+
+
+def _runs_in_place(path: Path, spec: ModelSpec) -> bool:
+    """Whether `path` (a file) runs on its own blocks: `--weights gguf`, or "auto" on a CPU for any GGUF
+    file but one whose decoder is all Q4_1 (the embedded model's form, which the int4 layers hold exactly)."""
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF" or spec.weights not in ("auto", "gguf"):
+            return False
+    if spec.weights == "gguf":
+        return True
+    if spec.device != "cpu" or spec.dtype not in ("auto", "float32"):
+        return False
+    with _failing_as(f"cannot read {path}: damaged or unsupported GGUF"):
+        folder = gguf_in_place.described(path, _file_digest(path).hex(), progress=log.warning)
+        return gguf_in_place.block_types(folder) != {"Q4_1"}
+
+
+def _load_in_place(path: Path, spec: ModelSpec, attn: str | None, total_tokens: int | None) -> LoadedModel:
+    if spec.device != "cpu":
+        raise ModelLoadError(f"--weights gguf runs on a CPU (not {spec.device}); use --weights dense there")
+    if spec.dtype not in ("auto", "float32"):
+        raise ModelLoadError(f"--weights gguf computes in float32 (not {spec.dtype}); use --weights dense")
+    digest = _file_digest(path).hex()
+    with _failing_as(f"cannot read {path}: damaged or unsupported GGUF"):
+        folder = gguf_in_place.described(path, digest, progress=log.warning)
+        with _failing_as(f"{folder}/config.json cannot be read"):
+            check_supported(AutoConfig.from_pretrained(folder).model_type)
+        try:
+            built = gguf_in_place.build(path, folder, attn)
+        except gguf_in_place.InPlaceError as e:
+            raise ModelLoadError(str(e)) from e
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    kept = ", ".join(f"{count} {kind}" for kind, count in sorted(built.kinds.items()))
+    log.info("gguf weights in place: %s tensors; %.1f MB copied (norms, biases)", kept, built.copied_bytes / 1e6)
+    fingerprint = hashlib.sha256(b"tokenswift-gguf-v1\0" + bytes.fromhex(digest)).hexdigest()
+    model = built.model
+    with _failing_as(f"cannot apply rope scaling {spec.rope_scaling} to {spec.name}"):
+        rope = plan_rope(spec, model.config, total_tokens)
+        apply_rope(model, rope)
+    resolved = dataclasses.replace(rope.resolved(spec), weights="gguf", dtype="float32")
+    return LoadedModel(model, tokenizer, fingerprint, spec.name, str(path), resolved, rope)
 
 
 def _apply_weights(model: PreTrainedModel, spec: ModelSpec) -> Weights:

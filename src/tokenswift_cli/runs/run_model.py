@@ -180,7 +180,7 @@ def suppress_eos(config: RunConfig, eos_ids: Sequence[int]) -> RunConfig:
 def bind_scripts(config: RunConfig, loaded: RunModel, prefix: str | None = None) -> RunConfig:
     """Resolve `--scripts auto` to the scripts of `prefix` and attach what the target distribution needs
     from the tokenizer: the scripts filter, the spacing rule and the word rule."""
-    vocab_size = int(loaded.target.lm_head.weight.shape[0])
+    vocab_size = int(loaded.target.lm_head.out_features)
     return config.replace(sampling=with_scripts_filter(config.sampling, loaded.tokenizer, vocab_size, prefix))
 
 

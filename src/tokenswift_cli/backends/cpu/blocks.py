@@ -29,6 +29,11 @@ KERNEL_TYPES = tuple(
 ARITHMETIC = "gguf-blocks-2026-12: 8-bit activations per block, integer products"
 
 
+def compute_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype a model's embedding or head computes in: float32 for blocks, else its weight's."""
+    return torch.float32 if isinstance(module, BlockLinear | BlockEmbedding) else module.weight.dtype
+
+
 def supported(kind: GGMLQuantizationType) -> bool:
     return kind in KERNEL_TYPES
 
@@ -62,8 +67,9 @@ class BlockLinear(torch.nn.Module):
         super().__init__()
         if not supported(kind):
             raise ValueError(f"no kernel for GGUF block type {kind.name}")
-        self.rows, self.kind, self.in_features, self.out_features = rows, kind, in_features, rows.shape[0]
-        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.kind, self.in_features, self.out_features = kind, in_features, rows.shape[0]
+        self.register_buffer("rows", rows, persistent=False)  # a view of the mapped file: never saved
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()
@@ -83,7 +89,8 @@ class BlockEmbedding(torch.nn.Module):
 
     def __init__(self, rows: torch.Tensor, kind: GGMLQuantizationType, embedding_dim: int):
         super().__init__()
-        self.rows, self.kind = rows, kind
+        self.kind = kind
+        self.register_buffer("rows", rows, persistent=False)
         self.num_embeddings, self.embedding_dim = rows.shape[0], embedding_dim
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

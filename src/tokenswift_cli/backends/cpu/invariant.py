@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from tokenswift_cli.backends.cpu import dense, kernels
 from tokenswift_cli.backends.cpu import row_attention as row_kernel
+from tokenswift_cli.backends.cpu.blocks import BlockLinear
 from tokenswift_cli.backends.cpu.exact_attention import exact_attention
 from tokenswift_cli.backends.cpu.exact_float32 import Float32Layout, exact_attention_float32
 from tokenswift_cli.backends.cpu.int4 import Int4Linear
@@ -32,15 +33,16 @@ from tokenswift_cli.model.forward import Forward, QueryCapture
 
 
 def rounds_inputs(model: PreTrainedModel) -> bool:
-    """Whether the model has 4-bit layers (they round their inputs to bfloat16)."""
-    return any(isinstance(module, Int4Linear) for module in model.modules())
+    """Whether the model has quantised layers (4-bit, or a GGUF file's blocks: they quantise their inputs)."""
+    return any(isinstance(module, Int4Linear | BlockLinear) for module in model.modules())
 
 
 def q8_head_for(model: PreTrainedModel) -> Q8Head | None:
     """With 4-bit weights (the engine's own model), the output head as the embedded GGUF's Q8_0, if it is one."""
-    if not rounds_inputs(model) or not kernels.available():
+    head = model.get_output_embeddings()
+    if not rounds_inputs(model) or not kernels.available() or isinstance(head, BlockLinear):
         return None
-    return Q8Head.from_weight(model.get_output_embeddings().weight)
+    return Q8Head.from_weight(head.weight)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ context. `csrc/decoder.cpp` runs the same operations, on the same kernels where 
 how they sum, so the bits are those of the model's own modules (tested against the Python lean
 forward, itself tested against `generate()` on dense models). It applies where the lean forward
 would take the row-attention kernel: float32 on a CPU, every projection 4-bit (q/k/v and gate/up
-fused or not), the family's RMSNorm and SiLU.
+fused or not) or a GGUF file's blocks (`blocks.py`), the family's RMSNorm and SiLU.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from tokenswift_cli.backends.cpu import kernels
+from tokenswift_cli.backends.cpu.blocks import BlockLinear
 from tokenswift_cli.backends.cpu.int4 import Int4Linear
 from tokenswift_cli.backends.cpu.row_attention import RowLayout
 from tokenswift_cli.model.cache import PreallocatedLayer
@@ -34,20 +35,23 @@ def _is_silu(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.SiLU) or type(module).__name__ == "SiLUActivation"
 
 
-def _projections(layer: Any) -> tuple[list[Int4Linear], list[Int4Linear]] | None:
-    """The layer's 4-bit q/k/v and gate/up products (fused where int4.py fused them), or None."""
+Quantised = Int4Linear | BlockLinear
+
+
+def _projections(layer: Any) -> tuple[list[Quantised], list[Quantised]] | None:
+    """The layer's quantised q/k/v and gate/up products (fused where int4.py fused them), or None."""
     attn, mlp = layer.self_attn, layer.mlp
     fused_qkv, fused_gate_up = getattr(attn, "qkv_int4", None), getattr(mlp, "gate_up_int4", None)
     qkv = [fused_qkv] if fused_qkv is not None else [attn.q_proj, attn.k_proj, attn.v_proj]
     gate_up = [fused_gate_up] if fused_gate_up is not None else [mlp.gate_proj, mlp.up_proj]
     parts = [*qkv, *gate_up, attn.o_proj, mlp.down_proj]
-    if not all(isinstance(p, Int4Linear) for p in parts) or attn.o_proj.bias is not None:
+    if not all(isinstance(p, Quantised) for p in parts) or attn.o_proj.bias is not None:
         return None
     return qkv, gate_up
 
 
 def supports(model: Any) -> bool:
-    """Whether every layer computes what `decoder.cpp` computes (4-bit projections, RMSNorm, SiLU)."""
+    """Whether every layer computes what `decoder.cpp` computes (quantised projections, RMSNorm, SiLU)."""
     for layer in model.get_decoder().layers:  # type: ignore[operator]
         if _projections(layer) is None or not _is_silu(layer.mlp.act_fn):
             return False
@@ -61,11 +65,13 @@ def _native_layer(module: Any, layer: Any) -> object:
     projections = _projections(layer)
     assert projections is not None
 
-    def int4(linear: Int4Linear) -> object:
+    def native(linear: Quantised) -> object:
+        if isinstance(linear, BlockLinear):
+            return module.Blocks(linear.rows, int(linear.kind), linear.bias)
         return module.Int4(linear.packed, linear.scales, linear.lows, linear.bias, linear.out_features)
 
-    qkv, gate_up = ([int4(p) for p in group] for group in projections)
-    o, down = int4(layer.self_attn.o_proj), int4(layer.mlp.down_proj)
+    qkv, gate_up = ([native(p) for p in group] for group in projections)
+    o, down = native(layer.self_attn.o_proj), native(layer.mlp.down_proj)
     before, after = layer.input_layernorm, layer.post_attention_layernorm
     return module.Layer(
         before.weight.detach(), float(before.variance_epsilon), qkv, o,

@@ -26,25 +26,37 @@ at::Tensor q8_row_attention(const at::Tensor& q, const at::Tensor& sq, const at:
 at::Tensor q4_products(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& lows,
                        const std::optional<at::Tensor>& bias, int64_t n_out);
 
-// One 4-bit linear layer (int4.py's Int4Linear): float32 inputs and outputs, an optional bias.
-struct Int4 {
-  at::Tensor packed, scales, lows;
+at::Tensor block_products(const at::Tensor& x, const at::Tensor& weights, int64_t type,
+                          const std::optional<at::Tensor>& bias);
+
+// One linear layer, float32 inputs and outputs, an optional bias: 4-bit (int4.py's Int4Linear) or a GGUF
+// tensor's own blocks (blocks.py's BlockLinear, `block_type` ggml's number of its format).
+struct Projection {
+  at::Tensor packed, scales, lows;  // 4-bit: levels, scales, offsets; blocks: the rows' bytes in `packed`
   std::optional<at::Tensor> bias;
-  int64_t outputs;
-  Int4(at::Tensor packed, at::Tensor scales, at::Tensor lows, std::optional<at::Tensor> bias, int64_t outputs)
+  int64_t outputs, block_type = -1;
+  Projection(at::Tensor packed, at::Tensor scales, at::Tensor lows, std::optional<at::Tensor> bias, int64_t outputs)
       : packed(std::move(packed)), scales(std::move(scales)), lows(std::move(lows)), bias(std::move(bias)),
         outputs(outputs) {}
+  static Projection blocks(at::Tensor rows, int64_t type, std::optional<at::Tensor> bias) {
+    Projection p(rows, at::Tensor(), at::Tensor(), std::move(bias), rows.size(0));
+    p.block_type = type;
+    return p;
+  }
 
-  at::Tensor operator()(const at::Tensor& x) const { return q4_products(x, packed, scales, lows, bias, outputs); }
+  at::Tensor operator()(const at::Tensor& x) const {
+    if (block_type >= 0) return block_products(x, packed, block_type, bias);
+    return q4_products(x, packed, scales, lows, bias, outputs);
+  }
 };
 
 // Layers that read the same input: one fused product, or the parts side by side (q/k/v, gate/up).
-struct Int4Parts {
-  std::vector<Int4> parts;
+struct Parts {
+  std::vector<Projection> parts;
   at::Tensor operator()(const at::Tensor& x) const {
     if (parts.size() == 1) return parts[0](x);
     std::vector<at::Tensor> outs;
-    for (const Int4& part : parts) outs.push_back(part(x));
+    for (const Projection& part : parts) outs.push_back(part(x));
     return at::cat(outs, 1);
   }
 };
@@ -52,12 +64,12 @@ struct Int4Parts {
 struct Layer {
   at::Tensor input_norm, post_norm;  // RMSNorm weights
   double input_eps, post_eps;
-  Int4Parts qkv;
-  Int4 o;
-  Int4Parts gate_up;
-  Int4 down;
-  Layer(at::Tensor input_norm, double input_eps, std::vector<Int4> qkv, Int4 o, at::Tensor post_norm, double post_eps,
-        std::vector<Int4> gate_up, Int4 down)
+  Parts qkv;
+  Projection o;
+  Parts gate_up;
+  Projection down;
+  Layer(at::Tensor input_norm, double input_eps, std::vector<Projection> qkv, Projection o, at::Tensor post_norm,
+        double post_eps, std::vector<Projection> gate_up, Projection down)
       : input_norm(std::move(input_norm)), post_norm(std::move(post_norm)), input_eps(input_eps), post_eps(post_eps),
         qkv{std::move(qkv)}, o(std::move(o)), gate_up{std::move(gate_up)}, down(std::move(down)) {}
 };
@@ -232,12 +244,16 @@ struct Decoder {
 
 void bind_decoder(pybind11::module& m) {
   namespace py = pybind11;
-  py::class_<Int4>(m, "Int4").def(py::init<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>, int64_t>());
+  py::class_<Projection>(m, "Projection");
+  m.def("Int4", [](at::Tensor packed, at::Tensor scales, at::Tensor lows, std::optional<at::Tensor> bias,
+                   int64_t outputs) { return Projection(packed, scales, lows, bias, outputs); });
+  m.def("Blocks", &Projection::blocks);
   py::class_<Layer>(m, "Layer")
-      .def(py::init<at::Tensor, double, std::vector<Int4>, Int4, at::Tensor, double, std::vector<Int4>, Int4>());
+      .def(py::init<at::Tensor, double, std::vector<Projection>, Projection, at::Tensor, double,
+                    std::vector<Projection>, Projection>());
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, int64_t, double>())
       // Touches no Python object: other threads (the live panel) run meanwhile.
       .def("forward", &Decoder::forward, py::call_guard<py::gil_scoped_release>(),
-           "every decoder layer of one forward (float32, 4-bit weights, CPU)");
+           "every decoder layer of one forward (float32, 4-bit or GGUF block weights, CPU)");
 }
