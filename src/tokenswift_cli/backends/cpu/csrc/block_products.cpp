@@ -21,6 +21,9 @@
 namespace {
 
 constexpr int64_t kRowTile = 4;  // activation rows sharing one unpacked weight block
+// A prefill's rows are taken this many at a time (their 8-bit levels stay in L2, ~0.4 MB at 1,536 inputs),
+// each weight row read once per chunk.
+constexpr int64_t kRowChunk = 256;
 
 // One row of activations at 8 bits: levels, a scale per block, and the levels' sums per 16 inputs.
 struct Row8 {
@@ -80,21 +83,24 @@ template <typename F>
 void output_rows(const uint8_t* weights, int64_t row_bytes, const Row8* rows, int64_t count, int64_t n_out,
                  const float* bias, float* out, int64_t begin, int64_t end) {
   const int64_t blocks = row_bytes / F::kBytes;
-  for (int64_t o = begin; o < end; ++o) {
-    const uint8_t* w = weights + o * row_bytes;
-    if (o + 1 < end) __builtin_prefetch(w + row_bytes, 0, 0);
-    for (int64_t r0 = 0; r0 < count; r0 += kRowTile) {
-      const Row8* tile[kRowTile];
-      const int64_t n = std::min(kRowTile, count - r0);
-      for (int64_t r = 0; r < n; ++r) tile[r] = rows + r0 + r;
-      float y[kRowTile];
-      switch (n) {
-        case 1: row_tile<F, 1>(w, tile, blocks, y); break;
-        case 2: row_tile<F, 2>(w, tile, blocks, y); break;
-        case 3: row_tile<F, 3>(w, tile, blocks, y); break;
-        default: row_tile<F, 4>(w, tile, blocks, y); break;
+  for (int64_t chunk = 0; chunk < count; chunk += kRowChunk) {
+    const int64_t last = std::min(count, chunk + kRowChunk);
+    for (int64_t o = begin; o < end; ++o) {
+      const uint8_t* w = weights + o * row_bytes;
+      if (o + 1 < end) __builtin_prefetch(w + row_bytes, 0, 0);
+      for (int64_t r0 = chunk; r0 < last; r0 += kRowTile) {
+        const Row8* tile[kRowTile];
+        const int64_t n = std::min(kRowTile, last - r0);
+        for (int64_t r = 0; r < n; ++r) tile[r] = rows + r0 + r;
+        float y[kRowTile];
+        switch (n) {
+          case 1: row_tile<F, 1>(w, tile, blocks, y); break;
+          case 2: row_tile<F, 2>(w, tile, blocks, y); break;
+          case 3: row_tile<F, 3>(w, tile, blocks, y); break;
+          default: row_tile<F, 4>(w, tile, blocks, y); break;
+        }
+        for (int64_t r = 0; r < n; ++r) out[(r0 + r) * n_out + o] = bias ? y[r] + bias[o] : y[r];
       }
-      for (int64_t r = 0; r < n; ++r) out[(r0 + r) * n_out + o] = bias ? y[r] + bias[o] : y[r];
     }
   }
 }
