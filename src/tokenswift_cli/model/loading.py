@@ -154,7 +154,8 @@ def _load_in_place(path: Path, spec: ModelSpec, attn: str | None, total_tokens: 
             built = gguf_in_place.build(path, folder, attn)
         except gguf_in_place.InPlaceError as e:
             raise ModelLoadError(str(e)) from e
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        has_tokenizer = any((folder / f).is_file() for f in _TOKENIZER_FILES)
+        tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
     kept = ", ".join(f"{count} {kind}" for kind, count in sorted(built.kinds.items()))
     log.info("gguf weights in place: %s tensors; %.1f MB copied (norms, biases)", kept, built.copied_bytes / 1e6)
     fingerprint = hashlib.sha256(b"tokenswift-gguf-v1\0" + bytes.fromhex(digest)).hexdigest()
