@@ -6,19 +6,26 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from conftest import tiny_model
+from gguf import GGMLQuantizationType
 from helpers import random_heads, random_prompt
+from test_gguf_in_place import block_rows
 from test_int4 import q4_linear
 from test_row_attention import q8_weight
+from tiny_gguf import BLOCK_TYPES, write_tiny_gguf
 
 from tokenswift_cli.backends.cpu import dense, kernels
 from tokenswift_cli.backends.cpu.int4 import Int4Linear, quantize_decoder
 from tokenswift_cli.backends.cpu.q8_head import Q8Head
-from tokenswift_cli.config import ContextWindow, DraftConfig, RunConfig, SamplingConfig
+from tokenswift_cli.config import ContextWindow, DraftConfig, ModelSpec, RunConfig, SamplingConfig
 from tokenswift_cli.engine.decode import generate_tokens
+from tokenswift_cli.model.loading import load_model
 from tokenswift_cli.model.target import Target
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -42,6 +49,9 @@ def products() -> dict[str, torch.Tensor]:
     head = Q8Head.from_weight(q8_weight(67, 1536, seed=4))
     assert head is not None
     out["q8"] = head.logits(x)
+    for kind in BLOCK_TYPES:  # a GGUF file's blocks, 1-9 rows
+        rows = block_rows(kind, 45, 768, seed=5)
+        out[f"gguf-{kind}"] = kernels.load().block_products(x[:, :768], rows, int(GGMLQuantizationType[kind]), None)
     return out
 
 
@@ -66,6 +76,21 @@ def texts() -> dict[str, torch.Tensor]:
             fast, _ = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig(tree=(1, 3, 3))))
             key = f"{name}-{'greedy' if sampling.temperature == 0 else 'sampled'}"
             out[f"{key}-plain"], out[f"{key}-tokenswift"] = torch.tensor(plain), torch.tensor(fast)
+    kept = os.environ.get("TOKENSWIFT_CACHE")
+    with tempfile.TemporaryDirectory() as folder:  # tiny GGUF files on their blocks (the native decoder)
+        os.environ["TOKENSWIFT_CACHE"] = str(Path(folder) / "cache")  # their headers: not in the user's cache
+        for kind in ("Q4_K", "Q6_K", "Q5_0"):
+            path = write_tiny_gguf(Path(folder) / f"{kind}.gguf", kind)
+            target = Target(load_model(ModelSpec(name=str(path), weights="gguf")).model)
+            heads, prompt = random_heads(target), random_prompt(60)
+            cfg = RunConfig(max_new_tokens=60, sampling=SamplingConfig(temperature=1.0, min_p=0.05, seed=3))
+            plain, _ = generate_tokens(target, None, prompt, cfg.replace(mode="plain"))
+            fast, _ = generate_tokens(target, heads, prompt, cfg.replace(draft=DraftConfig(tree=(1, 3, 3))))
+            out[f"gguf-{kind}-plain"], out[f"gguf-{kind}-tokenswift"] = torch.tensor(plain), torch.tensor(fast)
+    if kept is None:
+        os.environ.pop("TOKENSWIFT_CACHE")
+    else:
+        os.environ["TOKENSWIFT_CACHE"] = kept
     return out
 
 

@@ -40,6 +40,17 @@ inline __m256i dot4(__m256i u, __m256i s) {
 #endif
 }
 
+// acc + per 32-bit lane, scale * (the sum of 4 such products), `scale` the int16 weight of both pairs (exact:
+// each pair's sum fits int16, |2 * 63 * 127| < 32,768, and every sum int32).
+inline __m256i add_scaled_dot4(__m256i acc, __m256i u, __m256i s, __m256i scale) {
+  const __m256i pairs = _mm256_maddubs_epi16(u, s);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, pairs, scale);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scale));
+#endif
+}
+
 inline int32_t add_lanes(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -70,6 +81,17 @@ inline __m512i dot4(__m512i u, __m512i s) {
 #else
   return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
 #endif
+}
+inline __m512i add_scaled_dot4(__m512i acc, __m512i u, __m512i s, __m512i scale) {
+  const __m512i pairs = _mm512_maddubs_epi16(u, s);
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, pairs, scale);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, scale));
+#endif
+}
+inline int32_t add_lanes(__m512i v) {
+  return add_lanes(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
 }
 inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
 // 32 bytes in the low half, 32 more in the high half.

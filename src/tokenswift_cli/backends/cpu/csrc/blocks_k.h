@@ -15,23 +15,38 @@
 
 namespace blocks {
 
-// Q4_K's and Q5_K's 6-bit scales and mins (ggml's get_scale_min_k4).
-inline void scales_and_mins(const uint8_t* s, int32_t* sc, int32_t* m) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = s[j] & 63;
-    m[j] = s[j + 4] & 63;
-    sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 6) << 4);
-    m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-  }
+// Q4_K's and Q5_K's 6-bit scales and mins, 8 bytes each (ggml's get_scale_min_k4, by masks on 32-bit words):
+// sc[j] = bytes[j], m[j] = bytes[8 + j].
+inline void scales_and_mins(const uint8_t* s, uint8_t* bytes) {
+  uint32_t w[4];
+  std::memcpy(w, s, 12);
+  constexpr uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+  w[3] = ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4);  // m[4..7]
+  const uint32_t m_low = w[1] & six;                             // m[0..3]
+  w[1] = (w[2] & four) | (((w[0] >> 6) & two) << 4);           // sc[4..7]
+  w[2] = m_low;
+  w[0] &= six;  // sc[0..3]
+  std::memcpy(bytes, w, 16);
 }
 
+// second = sum over sub-blocks j of m_j * (sum of its 32 levels), from the sums per 16.
 template <int T>
-inline void mins(const int32_t* m, const int32_t* const* x_sums, Sums* out) {
+inline void mins(const uint8_t* m, const int32_t* const* x_sums, Sums* out) {
+#if defined(__AVX2__)
+  const __m256i weights = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+  for (int r = 0; r < T; ++r) {
+    // per 128-bit half, hadd gives pairs 0-1, 2-3 of each input: back in order by 64-bit quarters
+    const __m256i pairs = _mm256_hadd_epi32(load32(x_sums[r]), load32(x_sums[r] + 8));
+    const __m256i sums = _mm256_permute4x64_epi64(pairs, 0xD8);
+    out[r].second = add_lanes(_mm256_mullo_epi32(weights, sums));
+  }
+#else
   for (int r = 0; r < T; ++r) {
     int32_t low = 0;
     for (int j = 0; j < 8; ++j) low += m[j] * (x_sums[r][2 * j] + x_sums[r][2 * j + 1]);
     out[r].second = low;
   }
+#endif
 }
 
 template <bool kFive>
@@ -43,8 +58,9 @@ struct Q45K {
 
   template <int T>
   static void sums(const uint8_t* b, const int8_t* const* x, const int32_t* const* x_sums, Sums* out) {
-    int32_t sc[8], m[8];
-    scales_and_mins(b + 4, sc, m);
+    uint8_t sc_m[16];
+    scales_and_mins(b + 4, sc_m);
+    const uint8_t *sc = sc_m, *m = sc_m + 8;
     const uint8_t* qh = b + 16;
     const uint8_t* qs = b + (kFive ? 48 : 16);
 #if defined(__AVX512BW__)
@@ -59,12 +75,12 @@ struct Q45K {
         q[c] = _mm512_or_si512(q[c], _mm512_slli_epi16(_mm512_and_si512(bits, _mm512_set1_epi8(1)), 4));
         bits = _mm512_srli_epi16(bits, 2);
       }
-      scale[c] = _mm512_inserti64x4(_mm512_set1_epi32(sc[2 * c]), _mm256_set1_epi32(sc[2 * c + 1]), 1);
+      scale[c] = halves(_mm256_set1_epi16(sc[2 * c]), _mm256_set1_epi16(sc[2 * c + 1]));  // int16 lanes
     }
     for (int r = 0; r < T; ++r) {
       __m512i acc = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(dot4(q[c], load64(x[r] + 64 * c)), scale[c]));
-      out[r].main = _mm512_reduce_add_epi32(acc);
+      for (int c = 0; c < 4; ++c) acc = add_scaled_dot4(acc, q[c], load64(x[r] + 64 * c), scale[c]);
+      out[r].main = add_lanes(acc);
     }
 #elif defined(__AVX2__)
     __m256i q[8];
@@ -79,8 +95,7 @@ struct Q45K {
     }
     for (int r = 0; r < T; ++r) {
       __m256i acc = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j)
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(dot4(q[j], load32(x[r] + 32 * j)), _mm256_set1_epi32(sc[j])));
+      for (int j = 0; j < 8; ++j) acc = add_scaled_dot4(acc, q[j], load32(x[r] + 32 * j), _mm256_set1_epi16(sc[j]));
       out[r].main = add_lanes(acc);
     }
 #else
@@ -116,13 +131,10 @@ struct Q6_K {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
 #if defined(__AVX512BW__)
-    // chunk c: weights 64c..64c + 63; lane l sums 4 of group 4c + l / 4's
-    alignas(64) static const int32_t kGroupOfLane[4][16] = {
-        {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
-        {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7},
-        {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
-        {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15}};
-    const __m512i scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    // chunk c: weights 64c..64c + 63; int16 lane i (bytes 2i, 2i + 1) is in group 4c + i / 8
+    const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+    const __m512i scales = _mm512_cvtepi8_epi32(scale_bytes);
+    const __m512i scales16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(scale_bytes));
     const __m512i nibble = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
     __m512i q[4], scale[4];
     for (int h = 0; h < 2; ++h) {
@@ -133,12 +145,16 @@ struct Q6_K {
       q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), nibble),
                                      _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high, 4), two), 4));
     }
-    for (int c = 0; c < 4; ++c) scale[c] = _mm512_permutexvar_epi32(_mm512_load_si512(kGroupOfLane[c]), scales);
+    const __m512i group_of_lane = _mm512_srli_epi16(
+        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
+                         5, 4, 3, 2, 1, 0), 3);
+    for (int c = 0; c < 4; ++c)
+      scale[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(group_of_lane, _mm512_set1_epi16(4 * c)), scales16);
     for (int r = 0; r < T; ++r) {
       // - 32 * sum over groups of sc_g * (sum of x): (q - 32) * x summed
       __m512i acc = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_mullo_epi32(scales, load64(x_sums[r])), 5));
-      for (int c = 0; c < 4; ++c) acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(dot4(q[c], load64(x[r] + 64 * c)), scale[c]));
-      out[r].main = _mm512_reduce_add_epi32(acc);
+      for (int c = 0; c < 4; ++c) acc = add_scaled_dot4(acc, q[c], load64(x[r] + 64 * c), scale[c]);
+      out[r].main = add_lanes(acc);
     }
 #elif defined(__AVX2__)
     // quarter k: weights 32k..32k + 31, lanes 0-3 group 2k, 4-7 group 2k + 1
@@ -151,7 +167,7 @@ struct Q6_K {
       __m256i top = load32(qh + 32 * h);
       for (int s = 0; s < part; ++s) top = _mm256_srli_epi16(top, 2);
       q[k] = _mm256_or_si256(nibbles, _mm256_slli_epi16(_mm256_and_si256(top, two), 4));
-      scale[k] = _mm256_set_m128i(_mm_set1_epi32(sc[2 * k + 1]), _mm_set1_epi32(sc[2 * k]));
+      scale[k] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));  // int16 lanes
     }
     const __m256i scales_low = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
     const __m256i scales_high = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
@@ -159,7 +175,7 @@ struct Q6_K {
       const __m256i weighted = _mm256_add_epi32(_mm256_mullo_epi32(scales_low, load32(x_sums[r])),
                                                 _mm256_mullo_epi32(scales_high, load32(x_sums[r] + 8)));
       __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(weighted, 5));
-      for (int k = 0; k < 8; ++k) acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(dot4(q[k], load32(x[r] + 32 * k)), scale[k]));
+      for (int k = 0; k < 8; ++k) acc = add_scaled_dot4(acc, q[k], load32(x[r] + 32 * k), scale[k]);
       out[r].main = add_lanes(acc);
     }
 #else
