@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import shutil
-import struct
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,8 @@ from transformers.utils import logging as hf_logging
 from tokenswift_cli.backends.cpu import int4
 from tokenswift_cli.config import ModelSpec, Weights
 from tokenswift_cli.model import gguf_in_place, memory
+from tokenswift_cli.model.fingerprint import file_digest as _file_digest
+from tokenswift_cli.model.fingerprint import folder_fingerprint
 from tokenswift_cli.model.rope import RopePlan, apply_rope, plan_rope
 from tokenswift_cli.paths import cache_dir
 
@@ -40,8 +41,6 @@ log = logging.getLogger(__name__)
 Tokenizer = PreTrainedTokenizerBase
 supported_model_types: tuple[str, ...] = ("llama", "qwen2", "mistral")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-_VOLATILE_KEYS = ("_name_or_path", "transformers_version", "_commit_hash")  # who wrote it, not what
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 _HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.jinja"]
 # End-of-text markers of common chat/base vocabularies, besides what the config and tokenizer name.
@@ -239,37 +238,6 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "device": ",".join(devices), "parameters": parameter_count(model),
         "max_position_embeddings": config.max_position_embeddings, "fingerprint": loaded.fingerprint,
     }  # fmt: skip
-
-
-def folder_fingerprint(folder: Path) -> str:
-    """sha256 over config.json and samples of every weight file: stable per folder, < 1 s."""
-    h = hashlib.sha256(b"tokenswift-model-v1\0")
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    config = {k: v for k, v in config.items() if k not in _VOLATILE_KEYS}
-    h.update(json.dumps(config, sort_keys=True).encode())
-    for path in sorted(p for p in folder.iterdir() if p.suffix in _WEIGHT_SUFFIXES):
-        h.update(f"\0{path.name}\0".encode() + _file_digest(path))
-    return h.hexdigest()
-
-
-def _file_digest(path: Path, size: int = 64) -> bytes:
-    """Cheap content digest. safetensors: header + start, middle and end of every tensor (so a retrained
-    tensor shows); other files: 16 evenly spaced 64 KiB chunks. O(tensors), not O(bytes) like sha256."""
-    total = path.stat().st_size
-    h = hashlib.sha256(str(total).encode())
-    with path.open("rb") as f:
-        if path.suffix == ".safetensors":
-            (n,) = struct.unpack("<Q", f.read(8))
-            h.update(header := f.read(n))
-            spans = sorted(v["data_offsets"] for k, v in json.loads(header).items() if k != "__metadata__")
-            starts = [(o, e) for b, e in spans for o in (b, (b + e) // 2, max(b, e - size))]
-            reads = [(8 + n + o, min(size, e - o)) for o, e in starts]
-        else:
-            reads = [(max(0, total - (1 << 16)) * i // 15, 1 << 16) for i in range(16)]
-        for offset, length in reads:
-            f.seek(offset)
-            h.update(f.read(length))
-    return h.digest()
 
 
 @contextlib.contextmanager
