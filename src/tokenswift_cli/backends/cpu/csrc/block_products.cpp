@@ -24,6 +24,9 @@ constexpr int64_t kRowTile = 4;  // activation rows sharing one unpacked weight 
 // A prefill's rows are taken this many at a time (their 8-bit levels stay in L2, ~0.4 MB at 1,536 inputs),
 // each weight row read once per chunk.
 constexpr int64_t kRowChunk = 256;
+// A plain step reads each thread's weight rows as one stream: fetched this far ahead (non-temporal, as
+// quantised_products.cpp's).
+constexpr int64_t kFetchAhead = 4096;
 
 // One row of activations at 8 bits: levels, a scale per block, and the levels' sums per 16 inputs.
 struct Row8 {
@@ -64,6 +67,7 @@ void row_tile(const uint8_t* weights, const Row8* const* rows, int64_t blocks, f
   blocks::Sums s[T];
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = weights + b * F::kBytes;
+    for (int64_t line = 0; line < F::kBytes; line += 64) __builtin_prefetch(block + kFetchAhead + line, 0, 0);
     for (int r = 0; r < T; ++r) {
       x[r] = rows[r]->q.data() + b * F::kElements;
       sums[r] = rows[r]->sums.data() + b * (F::kElements / 16);
@@ -87,7 +91,6 @@ void output_rows(const uint8_t* weights, int64_t row_bytes, const Row8* rows, in
     const int64_t last = std::min(count, chunk + kRowChunk);
     for (int64_t o = begin; o < end; ++o) {
       const uint8_t* w = weights + o * row_bytes;
-      if (o + 1 < end) __builtin_prefetch(w + row_bytes, 0, 0);
       for (int64_t r0 = chunk; r0 < last; r0 += kRowTile) {
         const Row8* tile[kRowTile];
         const int64_t n = std::min(kRowTile, last - r0);
