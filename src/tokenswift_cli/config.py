@@ -26,6 +26,7 @@ DraftSource = Literal["pass", "verify", "ngram", "lookup"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 RopeScaling = Literal["auto", "yarn", "none"]
 Weights = Literal["auto", "dense", "int4", "gguf"]
+_WEIGHTS = "auto, dense, int4 or gguf"
 KVCache = Literal["auto", "model", "float16", "int8"]
 KV_CACHES = ("auto", "model", "float16", "int8")
 DRAFT_SOURCES = ("pass", "verify", "ngram", "lookup")
@@ -323,10 +324,8 @@ class ModelSpec:
 
     `rope_scaling` "auto" applies YaRN when a run outgrows the trained length (see rope.py), "none"
     keeps the model as configured; `rope_factor` fixes the YaRN factor (None: sized to the run).
-    `weights` "gguf" runs a GGUF file on its own blocks, mapped in place (blocks.py); "int4" runs the
-    decoder's linear layers on 4-bit weights (int4.py); "dense" de-quantises a GGUF file to float32
-    once. "auto" takes "int4" for a Q4_1 GGUF (the embedded model's form), "gguf" for every other GGUF
-    file on a CPU, and the folder's own weights otherwise; a run records the choice made.
+    `weights`: "gguf" a GGUF file's own blocks in place (blocks.py), "int4" 4-bit linear layers (int4.py),
+    "dense" float32; "auto" is int4 for a Q4_1 GGUF, gguf for other GGUF files on a CPU (recorded).
     """
 
     name: str = "default"
@@ -338,10 +337,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         _check(bool(self.name.strip()), "model name must not be empty")
-        _check(
-            self.weights in ("auto", "dense", "int4", "gguf"),
-            f"unknown weights {self.weights!r}: use auto, dense, int4 or gguf",
-        )
+        _check(self.weights in ("auto", "dense", "int4", "gguf"), f"unknown weights {self.weights!r}: use {_WEIGHTS}")
         _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         _check(
             self.device in ("cpu", "auto", "mps") or self.device.startswith("cuda"),
