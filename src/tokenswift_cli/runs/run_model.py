@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tokenswift_cli.backends.cpu import dense, int4
+from tokenswift_cli.backends.cpu import blocks, dense, int4
 from tokenswift_cli.config import (
     AutoWindow,
     ConfigError,
@@ -85,7 +85,7 @@ def load_run_model(spec: ModelSpec, heads: str | None, cfg: RunConfig, note: Cal
     weights = loaded.spec.weights if loaded.spec is not None else spec.weights  # "auto" resolved
     model_settings = {
         "spec": asdict(dataclasses.replace(spec, weights=weights)),
-        "arithmetic": int4.ARITHMETIC if weights == "int4" else None,
+        "arithmetic": {"int4": int4.ARITHMETIC, "gguf": blocks.ARITHMETIC}.get(weights),
         "kv_arithmetic": kv_rows.ARITHMETIC if cfg.kv_cache == "int8" else None,
         # the dense products (layers, output head) on a CPU: the same bits on every instruction set
         "dense_arithmetic": dense.arithmetic() if dense.used_by(target.backend) else None,
