@@ -28,7 +28,7 @@ import torch
 from accelerate import init_empty_weights
 from accelerate.utils import set_module_tensor_to_device
 from gguf import GGMLQuantizationType, GGUFReader
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, get_gguf_hf_weights_map
 
 from tokenswift_cli.backends.cpu import blocks
@@ -109,9 +109,8 @@ def described(gguf: Path, digest: str, progress: Callable[[str], None] | None = 
     return dest
 
 
-def build(gguf: Path, folder: Path, attn_implementation: str | None = None) -> InPlace:
-    """The model of `folder`'s config with `gguf`'s tensors, read in place where they are blocks."""
-    config = AutoConfig.from_pretrained(folder)
+def build(gguf: Path, folder: Path, config: PretrainedConfig, attn_implementation: str | None = None) -> InPlace:
+    """The model of `config` (`folder`'s) with `gguf`'s tensors, read in place where they are blocks."""
     table = tensors(folder)
     mapping = np.memmap(gguf, dtype=np.uint8, mode="r")  # read-only: pages come from the file as read
     with init_empty_weights(), contextlib.redirect_stderr(io.StringIO()):

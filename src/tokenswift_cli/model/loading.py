@@ -39,6 +39,7 @@ from tokenswift_cli.paths import cache_dir
 
 log = logging.getLogger(__name__)
 Tokenizer = PreTrainedTokenizerBase
+Header = tuple[Path, str]  # a GGUF file's cached header folder (gguf_in_place.described) and its digest
 supported_model_types: tuple[str, ...] = ("llama", "qwen2", "mistral")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -98,8 +99,9 @@ def load_model(
     if spec.weights == "gguf" and not path.is_file():
         raise ModelLoadError(f"--weights gguf reads a GGUF file's blocks; {name} is not a file")
     with _quiet():
-        if path.is_file() and _runs_in_place(path, spec):
-            return _load_in_place(path, spec, attn_implementation, total_tokens)
+        header = _in_place_header(path, spec) if path.is_file() else None
+        if header is not None:
+            return _load_in_place(path, header, spec, attn_implementation, total_tokens)
         if path.is_dir():
             folder = path
         elif path.is_file():
@@ -124,33 +126,35 @@ def load_model(
     return LoadedModel(model, tokenizer, fingerprint, name, str(folder), resolved, rope)
 
 
-def _runs_in_place(path: Path, spec: ModelSpec) -> bool:
-    """Whether `path` (a file) runs on its own blocks: `--weights gguf`, or "auto" on a CPU for any GGUF
-    file but one whose decoder is all Q4_1 (the embedded model's form, which the int4 layers hold exactly)."""
+def _in_place_header(path: Path, spec: ModelSpec) -> Header | None:
+    """The header folder and digest of `path` (a file) if it runs on its blocks: `--weights gguf`, or "auto" on a
+    CPU for a GGUF file whose decoder is not all Q4_1 (the embedded model's form: the int4 layers hold it)."""
     with path.open("rb") as f:
         if f.read(4) != b"GGUF" or spec.weights not in ("auto", "gguf"):
-            return False
-    if spec.weights == "gguf":
-        return True
-    if spec.device != "cpu" or spec.dtype not in ("auto", "float32"):
-        return False
-    with _failing_as(f"cannot read {path}: damaged or unsupported GGUF"):
-        folder = gguf_in_place.described(path, _file_digest(path).hex(), progress=log.warning)
-        return gguf_in_place.block_types(folder) != {"Q4_1"}
-
-
-def _load_in_place(path: Path, spec: ModelSpec, attn: str | None, total_tokens: int | None) -> LoadedModel:
+            return None
+    on_cpu_float32 = spec.device == "cpu" and spec.dtype in ("auto", "float32")
+    if spec.weights == "auto" and not on_cpu_float32:
+        return None
     if spec.device != "cpu":
         raise ModelLoadError(f"--weights gguf runs on a CPU (not {spec.device}); use --weights dense there")
-    if spec.dtype not in ("auto", "float32"):
+    if not on_cpu_float32:
         raise ModelLoadError(f"--weights gguf computes in float32 (not {spec.dtype}); use --weights dense")
     digest = _file_digest(path).hex()
     with _failing_as(f"cannot read {path}: damaged or unsupported GGUF"):
         folder = gguf_in_place.described(path, digest, progress=log.warning)
+        if spec.weights == "auto" and gguf_in_place.block_types(folder) == {"Q4_1"}:
+            return None
+    return folder, digest
+
+
+def _load_in_place(path: Path, header: Header, spec: ModelSpec, attn: str | None, total: int | None) -> LoadedModel:
+    folder, digest = header
+    with _failing_as(f"cannot read {path}: damaged or unsupported GGUF"):
         with _failing_as(f"{folder}/config.json cannot be read"):
-            check_supported(AutoConfig.from_pretrained(folder).model_type)
+            config = AutoConfig.from_pretrained(folder)
+        check_supported(config.model_type)
         try:
-            built = gguf_in_place.build(path, folder, attn)
+            built = gguf_in_place.build(path, folder, config, attn)
         except gguf_in_place.InPlaceError as e:
             raise ModelLoadError(str(e)) from e
         has_tokenizer = any((folder / f).is_file() for f in _TOKENIZER_FILES)
@@ -160,7 +164,7 @@ def _load_in_place(path: Path, spec: ModelSpec, attn: str | None, total_tokens: 
     fingerprint = hashlib.sha256(b"tokenswift-gguf-v1\0" + bytes.fromhex(digest)).hexdigest()
     model = built.model
     with _failing_as(f"cannot apply rope scaling {spec.rope_scaling} to {spec.name}"):
-        rope = plan_rope(spec, model.config, total_tokens)
+        rope = plan_rope(spec, model.config, total)
         apply_rope(model, rope)
     resolved = dataclasses.replace(rope.resolved(spec), weights="gguf", dtype="float32")
     return LoadedModel(model, tokenizer, fingerprint, spec.name, str(path), resolved, rope)
